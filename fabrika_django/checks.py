@@ -1,0 +1,1 @@
+"""System checks ``fabrika.E0xx`` / ``fabrika.W0xx``."""

@@ -1,0 +1,99 @@
+"""Settings of the demo and test project, read from the environment with django-environ.
+
+``DATABASE_URL`` defaults to a SQLite file, so the demo needs no server; ``EMAIL_URL`` to the console.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env(DEBUG=(bool, True))
+
+DEBUG = env("DEBUG")
+SECRET_KEY = env("SECRET_KEY", default="fabrika-demo-only-not-a-secret")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "fabrika_django",
+    "testproject.tasks",
+    "testproject.outbox",
+    "testproject.reminders",
+    "testproject.reports",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "testproject" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Threads of one process share the file; wait for the write lock instead of failing at once.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # A file, not Django's shared in-memory database: its table locks ignore the busy timeout.
+    DATABASES["default"]["TEST"] = {
+        "NAME": env(
+            "SQLITE_TEST_NAME",
+            default=os.path.join(tempfile.gettempdir(), f"fabrika-test-{os.getpid()}.sqlite3"),
+        )
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env("TIME_ZONE", default="Europe/Berlin")
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+MEDIA_URL = "media/"
+MEDIA_ROOT = env("MEDIA_ROOT", default=str(BASE_DIR / "var" / "media"))
+
+vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="Fabrika demo <demo@localhost>")
+
+FABRIKA = {
+    "ENVIRONMENT": env("FABRIKA_ENVIRONMENT", default="demo"),
+    "BASE_URL": env("BASE_URL", default="http://127.0.0.1:8000"),
+    "POLL_INTERVAL": env.float("FABRIKA_POLL_INTERVAL", default=1.0),
+    "LEASE_SECONDS": env.int("FABRIKA_LEASE_SECONDS", default=30),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"fabrika_django": {"handlers": ["console"], "level": env("FABRIKA_LOG_LEVEL", default="INFO")}},
+}
