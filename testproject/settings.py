@@ -4,6 +4,7 @@
 """
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,9 @@ INSTALLED_APPS = [
     "testproject.reminders",
     "testproject.reports",
 ]
+# The lab app holds jobs and a table for the test suite's cross-process tests; it stays out of the demo.
+if env.bool("FABRIKA_LAB", default=any("pytest" in arg for arg in sys.argv[:2])):
+    INSTALLED_APPS.append("testproject.lab")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

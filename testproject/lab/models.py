@@ -1,0 +1,29 @@
+from django.db import models
+
+from fabrika_django.models import QueueModel
+
+
+class Mark(models.Model):
+    """A line a lab job writes, so a test in another process can see what ran and when."""
+
+    job = models.CharField(max_length=100)
+    note = models.CharField(max_length=100)
+    pid = models.IntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.note}"
+
+
+class Item(QueueModel):
+    """A queue row for the crash and concurrency tests; ``writes`` counts how often a job finished it."""
+
+    n = models.PositiveIntegerField(default=0)
+    writes = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"Item {self.pk}"

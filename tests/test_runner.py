@@ -1,0 +1,268 @@
+"""A run: attempts, retries, outcomes, the history, and the refusals of the write guard."""
+
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from fabrika_django import runner
+from fabrika_django.models import Attempt, Job, Lease
+from fabrika_django.testing import run_job
+from testproject.lab.models import Item, Mark
+
+from .jobs_helpers import temporary_job
+
+pytestmark = pytest.mark.django_db
+
+
+def outcomes(name):
+    return list(Attempt.objects.filter(job=name).order_by("number").values_list("number", "outcome"))
+
+
+def test_a_run_that_returns_succeeds_and_is_recorded():
+    def quiet(ctx):
+        with ctx.transaction():
+            Mark.objects.create(job=ctx.job.name, note="done", attempt=ctx.attempt)
+
+    with temporary_job(quiet):
+        result = run_job("quiet")
+    assert (result.ok, result.outcome, result.failure, result.attempts) == (True, "succeeded", None, 1)
+    assert outcomes("quiet") == [(1, "succeeded")]
+    assert list(Mark.objects.values_list("note", "attempt")) == [("done", 1)]
+    job = Job.objects.get(name="quiet")
+    assert (job.last_outcome, job.failures_in_row, job.last_success is not None) == ("succeeded", 0, True)
+    assert Lease.objects.get(job="quiet").token is None  # released
+
+
+def test_failing_twice_then_succeeding_with_two_retries_succeeds_after_three_attempts():
+    def flaky(ctx):
+        if ctx.attempt < 3:
+            raise RuntimeError("not yet")
+
+    with temporary_job(flaky, retries=2):
+        result = run_job("flaky")
+    assert (result.outcome, result.attempts) == ("succeeded", 3)
+    assert outcomes("flaky") == [(1, "handler_failed"), (2, "handler_failed"), (3, "succeeded")]
+
+
+def test_failing_twice_with_one_retry_fails_and_keeps_both_attempts():
+    def flaky(ctx):
+        if ctx.attempt < 3:
+            raise RuntimeError("not yet")
+
+    with temporary_job(flaky, retries=1):
+        result = run_job("flaky")
+    assert (result.ok, result.failure, result.attempts) == (False, "handler_failed", 2)
+    assert outcomes("flaky") == [(1, "handler_failed"), (2, "handler_failed")]
+    assert Job.objects.get(name="flaky").failures_in_row == 1
+    assert Attempt.objects.filter(job="flaky").first().error_class == "builtins.RuntimeError"
+
+
+def test_a_write_outside_ctx_transaction_is_refused_and_writes_nothing():
+    def careless(ctx):
+        Mark.objects.create(job="careless", note="outside")
+
+    with temporary_job(careless):
+        result = run_job("careless")
+    assert result.failure == "write_outside_transaction"
+    assert outcomes("careless") == [(1, "write_outside_transaction")]
+    assert not Mark.objects.exists()
+
+
+def test_reads_outside_ctx_transaction_are_allowed():
+    Mark.objects.create(job="x", note="seed")
+
+    def reader(ctx):
+        assert Mark.objects.count() == 1
+        with ctx.transaction():
+            Mark.objects.create(job="reader", note="read")
+
+    with temporary_job(reader):
+        assert run_job("reader").ok
+
+
+def test_claim_inside_ctx_transaction_is_refused_with_its_code():
+    Item.objects.create()
+
+    def greedy(ctx):
+        with ctx.transaction():
+            Item.objects.claim(limit=1)
+
+    with temporary_job(greedy):
+        result = run_job("greedy")
+    assert result.failure == "claim_inside_transaction"
+    assert outcomes("greedy") == [(1, "claim_inside_transaction")]
+    assert Item.objects.get().attempts == 0
+
+
+def test_claim_in_a_job_uses_the_schedule_period_for_the_backoff(fabrika_clock):
+    Item.objects.create(due=fabrika_clock.now - timedelta(seconds=1))
+
+    def worker(ctx):
+        (row,) = Item.objects.claim(limit=5)
+        with ctx.transaction():
+            row.finish(n=7)
+
+    with temporary_job(worker, schedule="*/10 * * * *"):
+        assert run_job("worker").ok
+    item = Item.objects.get()
+    assert (item.state, item.n, item.attempts, item.version) == ("done", 7, 1, 2)
+
+
+def test_a_kick_of_an_undeclared_job_is_refused_with_its_code():
+    def kicker(ctx):
+        ctx.kick("somebody_else")
+
+    with temporary_job(kicker):
+        result = run_job("kicker")
+    assert result.failure == "undeclared_kick"
+    assert outcomes("kicker") == [(1, "undeclared_kick")]
+
+
+def test_a_declared_kick_goes_out_when_the_transaction_commits(fabrika_kicks):
+    def target(ctx):
+        pass
+
+    def kicker(ctx):
+        with ctx.transaction():
+            ctx.kick("target")
+            assert fabrika_kicks == []
+
+    with temporary_job(target), temporary_job(kicker, kicks=["target"]):
+        assert run_job("kicker").ok
+    assert fabrika_kicks == ["target"]
+    assert Job.objects.get(name="target").pending_since is not None
+
+
+def test_a_kick_in_a_rolled_back_transaction_goes_nowhere(fabrika_kicks):
+    def target(ctx):
+        pass
+
+    def kicker(ctx):
+        with pytest.raises(ZeroDivisionError), ctx.transaction():
+            ctx.kick("target")
+            raise ZeroDivisionError
+
+    with temporary_job(target), temporary_job(kicker, kicks=["target"]):
+        assert run_job("kicker").ok
+    assert fabrika_kicks == []
+
+
+def test_no_exception_message_reaches_the_history_or_the_log(caplog):
+    def leaky(ctx):
+        raise ValueError("someone@example.com")
+
+    caplog.set_level(logging.DEBUG)
+    with temporary_job(leaky):
+        result = run_job("leaky")
+    assert result.failure == "handler_failed"
+    (attempt,) = Attempt.objects.filter(job="leaky")
+    stored = " ".join(str(value) for value in Attempt.objects.filter(job="leaky").values().first().values())
+    assert "someone@example.com" not in stored
+    assert attempt.error_class == "builtins.ValueError"
+    assert "test_runner.py" in attempt.frames and "in leaky" in attempt.frames
+    assert "someone@example.com" not in caplog.text
+    assert "outcome=handler_failed" in caplog.text
+
+
+@override_settings(FABRIKA={"STORE_ERROR_MESSAGES": True})
+def test_the_exception_message_is_kept_when_the_setting_says_so():
+    def leaky(ctx):
+        raise ValueError("kept on purpose")
+
+    with temporary_job(leaky):
+        run_job("leaky")
+    assert Attempt.objects.get(job="leaky").message == "kept on purpose"
+
+
+def test_ctx_carries_the_run_and_a_log_adapter_with_ids(caplog):
+    seen = {}
+
+    def curious(ctx):
+        seen.update(job=ctx.job.name, attempt=ctx.attempt, trigger=ctx.trigger, run=ctx.run_id)
+        ctx.log.info("row=%s code=%s", 42, "sent")
+
+    caplog.set_level(logging.INFO)
+    with temporary_job(curious):
+        result = run_job("curious")
+    assert seen == {"job": "curious", "attempt": 1, "trigger": "manual", "run": result.run_id}
+    assert f"job=curious run={result.run_id} attempt=1 row=42 code=sent" in caplog.text
+
+
+def test_run_job_refuses_an_unknown_mail_mode():
+    with pytest.raises(ValueError, match="use 'locmem' or 'none'"):
+        run_job("anything", mail="smtp")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_sleeps_past_its_timeout_cannot_write_and_the_retry_runs():
+    woke = threading.Event()
+
+    def sleepy(ctx):
+        if ctx.attempt == 1:
+            woke.wait(5)  # ignores ctx.signal on purpose
+            with ctx.transaction():
+                Mark.objects.create(job="sleepy", note="late")
+        else:
+            with ctx.transaction():
+                Mark.objects.create(job="sleepy", note="retry")
+
+    with temporary_job(sleepy, retries=1, timeout=timedelta(seconds=1)):
+        result = runner.run("sleepy", pause=lambda n: 0)
+        returned_while_the_first_attempt_slept = not woke.is_set()
+        woke.set()
+    assert returned_while_the_first_attempt_slept
+    assert (result.outcome, result.attempts) == ("succeeded", 2)
+    assert outcomes("sleepy") == [(1, "timed_out"), (2, "succeeded")]
+    assert list(Mark.objects.values_list("note", flat=True)) == ["retry"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_commit_is_refused_after_the_deadline_even_inside_an_open_transaction():
+    late = threading.Event()
+    refused = []
+
+    def slow_writer(ctx):
+        try:
+            with ctx.transaction():
+                Mark.objects.create(job="slow_writer", note="inside")
+                late.wait(3)  # past the one-second deadline, inside the transaction
+        except Exception as exc:
+            refused.append(type(exc).__name__)
+            raise
+
+    with temporary_job(slow_writer, timeout=timedelta(seconds=1)):
+        result = runner.run("slow_writer")
+        late.set()
+    assert result.failure == "timed_out"
+    assert not Mark.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_run_while_one_is_active_coalesces_and_the_job_runs_once_more():
+    started = threading.Event()
+    release = threading.Event()
+    runs = []
+
+    def busy(ctx):
+        runs.append(ctx.trigger)
+        started.set()
+        release.wait(10)
+
+    with temporary_job(busy):
+        results = []
+        first = threading.Thread(target=lambda: results.append(runner.run("busy")) or connection.close())
+        first.start()
+        assert started.wait(10)
+        second = runner.run("busy", trigger="kick")
+        assert second.coalesced and second.ok
+        assert Job.objects.get(name="busy").pending_since is not None
+        release.set()
+        first.join(20)
+    assert runs == ["manual", "kick"]
+    assert results[0].runs == 2
+    assert Job.objects.get(name="busy").pending_since is None
+    assert Lease.objects.get(job="busy").token is None
