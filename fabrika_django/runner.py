@@ -510,7 +510,8 @@ def _end(job: CronJob, lease: _Lease, result: RunResult, *, allow_again: bool) -
     seconds = _lease_seconds(job.timeout.total_seconds())
     with framework_write(), transaction.atomic():
         _lock_job(job.name)
-        Job.objects.filter(name=job.name).update(**summary)
+        # A stale run (its lease taken over) does not speak for the job any more.
+        Job.objects.filter(name=job.name, last_run_id=lease.run_id).update(**summary)
         again = allow_again and Job.objects.filter(name=job.name, pending_since__isnull=False).exists()
         mine = Lease.objects.filter(job=job.name, token=lease.token)
         if not again:
