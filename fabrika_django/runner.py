@@ -34,6 +34,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ._fence import LeaseFence
+from ._handlers import handler_threads
 from ._running import ActiveRun, framework_write, running
 from .backoff import retry_pause
 from .conf import settings
@@ -133,7 +134,6 @@ def run(
     holder = holder or default_holder()
     if inline is None:
         inline = default_connection.in_atomic_block
-    sync_jobs([job.name])
     lease = _start_or_join(job, trigger, holder)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
@@ -160,13 +160,21 @@ def run(
 
 
 def _lock_job(name: str) -> None:
-    """Serialise starting and ending runs of one job on its Job row (SQLite: the database write lock)."""
+    """Serialise starting and ending runs of one job on its Job row (SQLite: the database write lock).
+
+    A job's rows are made here the first time it runs, so starting a run costs no statement for them.
+    """
+    if not _lock_job_row(name):
+        sync_jobs([name])
+        _lock_job_row(name)
+
+
+def _lock_job_row(name: str) -> bool:
     from .models import Job
 
     if default_connection.features.has_select_for_update:
-        list(Job.objects.select_for_update().filter(name=name).values_list("name"))
-    else:
-        Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row"))
+        return bool(list(Job.objects.select_for_update().filter(name=name).values_list("name")))
+    return bool(Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row")))
 
 
 def _start_or_join(job: CronJob, trigger: str, holder: str) -> _Lease | None:
@@ -355,12 +363,9 @@ def _keep_test_transaction_usable() -> None:
             conn.needs_rollback = False
 
 
-def _handler_thread(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], box: _Box) -> None:
+def _in_handler_thread(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], box: _Box) -> None:
     box.connections = [connections[alias] for alias in connections]
-    try:
-        _call_handler(job, ctx, clock, box)
-    finally:
-        connections.close_all()
+    _call_handler(job, ctx, clock, box)
 
 
 def _watch(
@@ -372,19 +377,13 @@ def _watch(
     stop: threading.Event | None,
     clock: Callable[[], datetime],
 ) -> None:
-    """Run the handler in its own thread; renew the lease, enforce the deadline, honour ``stop``."""
+    """Run the handler in a thread of its own; renew the lease, enforce the deadline, honour ``stop``."""
     signal = ctx.signal
-    thread = threading.Thread(
-        target=_handler_thread, args=(job, ctx, clock, box), name=f"fabrika-{job.name}", daemon=True
-    )
-    thread.start()
+    task = handler_threads.submit(lambda: _in_handler_thread(job, ctx, clock, box))
     lease_seconds = _lease_seconds(job.timeout.total_seconds())
     renew_every = max(0.2, lease_seconds / _RENEW_FRACTION)
     next_renewal = time.monotonic() + renew_every
-    while thread.is_alive():
-        thread.join(max(0.0, min(next_renewal - time.monotonic(), signal.remaining(), 0.25)))
-        if not thread.is_alive():
-            break
+    while not task.done.wait(max(0.0, min(next_renewal - time.monotonic(), signal.remaining(), 0.25))):
         if stop is not None and stop.is_set():
             signal.abort("shutdown")
         if signal.aborted:
@@ -397,9 +396,8 @@ def _watch(
                 break
             fence.valid_until = _valid_until(sent, seconds)
             next_renewal = sent + renew_every
-    if thread.is_alive():
-        thread.join(_ABORT_GRACE_SECONDS)
-    if thread.is_alive():
+    if not task.done.is_set() and not task.done.wait(_ABORT_GRACE_SECONDS):
+        task.abandoned = True
         _cut_off(job, box)
 
 

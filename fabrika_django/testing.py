@@ -105,6 +105,15 @@ def _commit_hooks_of_the_run():
     return TestCase.captureOnCommitCallbacks(execute=True)
 
 
+@pytest.fixture(autouse=True)
+def _fabrika_handler_threads() -> Iterator[None]:
+    """End the job handler threads a test left idle, so their connections never outlive its database."""
+    yield
+    from ._handlers import handler_threads
+
+    handler_threads.drain()
+
+
 @pytest.fixture
 def fabrika_run_job():
     """The test kit's ``run_job``."""
