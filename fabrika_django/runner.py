@@ -191,6 +191,9 @@ def _start_or_join(job: CronJob, trigger: str, holder: str) -> _Lease | None:
     with framework_write(), transaction.atomic():
         _lock_job(job.name)
         row = Lease.objects.filter(job=job.name).values("token", "run_id", "attempt").first()
+        if row is None:
+            # A kick makes the Job row alone; without its Lease row no run could ever take the lease.
+            Lease.objects.bulk_create([Lease(job=job.name)], ignore_conflicts=True)
         previous: dict[str, Any] = dict(row) if row else {}
         resumed = bool(previous.get("token") and previous.get("run_id") and previous["attempt"] < 1 + job.retries)
         if resumed:

@@ -256,6 +256,15 @@ def test_kick_marks_the_job_pending_once_committed(django_capture_on_commit_call
     assert Job.objects.get(name="send_reminders").pending_since is not None
 
 
+@pytest.mark.django_db
+def test_run_after_a_kick_of_a_job_that_never_ran_runs_it(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        assert fabrika_job("kick", "send_reminders")[0] == 0
+    code, out, _ = fabrika_job("run", "send_reminders")
+    assert code == 0 and out.startswith("Job send_reminders succeeded after 1 attempt"), out
+    assert Job.objects.get(name="send_reminders").pending_since is None
+
+
 def test_kick_of_an_unknown_job_exits_2():
     code, _, error = fabrika_job("kick", "ghost")
     assert code == 2 and error.startswith("No cron job is named 'ghost'")
