@@ -176,3 +176,28 @@ def _check_permission(permission: str) -> str:
     if not _PERMISSION.match(permission):
         raise ValueError(f"action {permission!r} is not a Django permission name: give e.g. 'tasks.change_task'.")
     return permission
+
+
+# -- fabrika's own jobs ------------------------------------------------------------------------------------
+
+_PRUNE_BATCH = 1000
+
+
+@cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
+def prune_history(ctx: JobContext) -> None:
+    """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
+    from .conf import settings
+    from .models import Attempt
+
+    cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
+    pruned = 0
+    while True:
+        ctx.signal.throw_if_aborted()
+        batch = list(
+            Attempt.objects.filter(started__lt=cutoff).order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH]
+        )
+        if not batch:
+            break
+        with ctx.transaction():
+            pruned += Attempt.objects.filter(pk__in=batch).delete()[0]
+    ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)

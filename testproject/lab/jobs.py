@@ -1,12 +1,14 @@
-"""Jobs the tests run in other processes (``manage.py fabrika_job run``, workers). Kick-only: no schedule."""
+"""Jobs the tests run in other processes (``manage.py fabrika_job run``, workers). Kick-only but lab_yearly."""
 
 import os
 import time
 from datetime import timedelta
 
+from django.db.models import F
+
 from fabrika_django import cron
 
-from .models import Mark
+from .models import Item, Mark
 
 
 def _mark(ctx, note):
@@ -31,3 +33,42 @@ def lab_sleepy(ctx):
         _mark(ctx, "late")
     else:
         _mark(ctx, "retry")
+
+
+@cron(None, retries=3, timeout=timedelta(seconds=120))
+def lab_items(ctx):
+    """Claims and finishes Item rows until none is due; each finish counts itself in ``writes``."""
+    pause = float(os.environ.get("LAB_ITEM_SECONDS", "0"))
+    while rows := Item.objects.claim(limit=50):
+        for row in rows:
+            ctx.signal.throw_if_aborted()
+            with ctx.transaction():
+                Item.objects.filter(pk=row.pk).update(writes=F("writes") + 1)
+                row.finish()
+            if pause:
+                time.sleep(pause)
+
+
+@cron(None, timeout=timedelta(seconds=120))
+def lab_patient(ctx):
+    """Marks its start, then waits for its signal; writes the abort reason to LAB_SIGNAL_FILE."""
+    _mark(ctx, "start")
+    ctx.signal.wait(float(os.environ.get("LAB_PATIENT_SECONDS", "60")))
+    target = os.environ.get("LAB_SIGNAL_FILE")
+    if target:
+        with open(target, "a") as out:
+            out.write(f"{os.getpid()} {ctx.signal.reason}\n")
+
+
+@cron("0 0 1 1 *", timeout=timedelta(seconds=30))
+def lab_yearly(ctx):
+    """Scheduled once a year: tests move its next fire to make it due."""
+    _mark(ctx, ctx.trigger)
+
+
+@cron(None, timeout=timedelta(seconds=30))
+def lab_stamp(ctx):
+    """Marks the moment its handler starts (time.time()), for the kick latency benchmark."""
+    started = time.time()
+    with ctx.transaction():
+        Mark.objects.create(job=ctx.job.name, note=f"{started:.6f}", pid=os.getpid(), attempt=ctx.attempt)
