@@ -14,10 +14,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .exceptions import VersionConflict
-from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, max_attempts_of
+from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, _now, _refuse_own_fields, max_attempts_of
 
-FAILURE_CODE = re.compile(r"^[a-z0-9_.-]{1,64}$")
-_OWN_FIELDS = frozenset({"attempts", "due", "version"})
+FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
 
 
 class QueueModel(models.Model):
@@ -52,28 +51,27 @@ class QueueModel(models.Model):
 
     @property
     def is_due_now(self) -> bool:
-        """Return whether the row is waiting and its time has come."""
-        return self.state == "waiting" and self.due is not None and self.due <= timezone.now()
+        """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
+        return self.state == "waiting" and self.due is not None and self.due <= _now()
 
     def finish(self, **values: Any) -> None:
         """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""
-        clash = _OWN_FIELDS.intersection(values)
-        if clash:
-            raise TypeError(
-                f"finish() sets {', '.join(sorted(clash))} itself: pass only your own fields, "
-                "or use requeue(at=...) to make the row due again."
-            )
+        _refuse_own_fields("finish", values)
         self._write_versioned(dict(values, due=None))
 
     def requeue(self, at: datetime | None = None) -> None:
-        """Make the row due again at ``at`` (now by default) with no attempts, if it is unchanged."""
-        self._write_versioned({"due": at if at is not None else timezone.now(), "attempts": 0})
+        """Make the row due again at ``at`` (now by default) with no attempts, if it is unchanged.
+
+        "Now" is the run's clock inside a job run (a test's fixed one), the wall clock elsewhere (the admin).
+        """
+        self._write_versioned({"due": at if at is not None else _now(), "attempts": 0})
 
     def record_failure(self, code: str) -> None:
         """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message."""
-        if not isinstance(code, str) or not FAILURE_CODE.match(code):
+        if not isinstance(code, str) or not FAILURE_CODE.fullmatch(code):
+            # The value is not quoted back: a wrong code is often an error's message, which can quote a user's data.
             raise ValueError(
-                f"Failure code {code!r} is not a fixed code: use 1-64 characters of a-z, 0-9, '_', '.', '-' "
+                "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
                 "naming the step (e.g. 'send'), never an error message."
             )
         self._write_versioned({"last_failure": code})

@@ -1,13 +1,18 @@
-"""``QueueQuerySet`` / ``QueueManager``: the state filters, and ``claim()`` which leases due rows."""
+"""``QueueQuerySet`` / ``QueueManager``: the state filters, ``claim()`` which leases due rows, and
+``finish_all()`` which finishes many claimed rows in one statement."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime
+from functools import reduce
+from operator import or_
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models, router, transaction
 from django.db.models import Case, F, Q, Value, When
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from ._running import active_run, framework_write
@@ -15,10 +20,14 @@ from .backoff import row_backoff
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from ._running import ActiveRun
 
 DEFAULT_MAX_ATTEMPTS = 10
 MAX_CLAIM = 500
+# The fields the framework writes itself: finish() clears due, requeue() resets attempts, every write bumps version.
+_OWN_FIELDS = frozenset({"attempts", "due", "version"})
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -28,48 +37,82 @@ def max_attempts_of(model: type[models.Model]) -> int:
     return int(getattr(getattr(model, "Queue", None), "max_attempts", DEFAULT_MAX_ATTEMPTS))
 
 
+def _now() -> datetime:
+    """Return the active run's clock (a test's fixed one), or the wall clock outside a run."""
+    run = active_run()
+    return run.now() if run is not None else timezone.now()
+
+
 class QueueQuerySet(models.QuerySet[_M]):
-    """Rows of a queue table. The state filters narrow; ``claim()`` acts and ends the chain."""
+    """Rows of a queue table. The state filters narrow; ``claim()`` and ``finish_all()`` act."""
 
     def waiting(self) -> QueueQuerySet[_M]:
-        """Rows with ``due`` set and attempts below the model's ``max_attempts``."""
+        """Narrow to rows with ``due`` set and attempts below the model's ``max_attempts``."""
         return self.filter(due__isnull=False, attempts__lt=max_attempts_of(self.model))
 
     def due_now(self, now: datetime | None = None) -> QueueQuerySet[_M]:
-        """Waiting rows whose ``due`` has come."""
-        return self.waiting().filter(due__lte=now or timezone.now())
+        """Narrow to waiting rows whose ``due`` has come (by ``now``, the run's clock by default)."""
+        return self.waiting().filter(due__lte=now or _now())
 
     def dead(self) -> QueueQuerySet[_M]:
-        """Rows that reached ``max_attempts``: never claimed again, kept for a person to requeue."""
+        """Narrow to rows that reached ``max_attempts``: never claimed again, kept for a person to requeue."""
         return self.filter(due__isnull=False, attempts__gte=max_attempts_of(self.model))
 
     def done(self) -> QueueQuerySet[_M]:
-        """Rows whose ``due`` is null."""
+        """Narrow to rows whose ``due`` is null."""
         return self.filter(due__isnull=True)
 
     def claim(self, limit: int = 50, where: Q | None = None) -> list[_M]:
         """Lease up to ``limit`` due rows and return them with their new attempts, due and version.
 
         Terminal. Takes the oldest due rows first (then by pk), skipping rows another session holds, in a
-        short transaction of its own: two statements, however many rows. Each claimed row gets one more
-        attempt, a new version, and ``due`` moved by the backoff, so a crash leaves it due again later.
-        Runs only inside a job run, never inside ``ctx.transaction()``.
+        short transaction of its own: two statements however many rows (three on SQLite, which takes its
+        write lock first). Each claimed row gets one more attempt, a new version, and ``due`` moved by the
+        backoff, so a crash leaves it due again later. Runs only inside a job run, never inside
+        ``ctx.transaction()``.
         """
         run = _refuse_bad_claim(limit, where)
-        using = getattr(self, "_db", None) or router.db_for_write(self.model)  # a claim always writes
+        using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
+        connection = connections[using]
         now = run.now()
+        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by("due", "pk")
         with framework_write(), transaction.atomic(using=using):
-            _take_write_lock(self.model, using)
-            rows = list(
-                self.using(using)
-                .due_now(now)
-                .filter(where or Q())
-                .order_by("due", "pk")
-                .select_for_update(skip_locked=True, of=("self",))[:limit]
-            )
+            rows = list(_locked(rows_qs, connection)[:limit])
             if rows:
                 _lease(self.model, using, rows, run, now)
         return rows
+
+    def finish_all(self, rows: Iterable[_M], **values: Any) -> list[_M]:
+        """Finish many claimed rows in one statement; return the rows that changed since (the conflicts).
+
+        Acts. Like ``row.finish(**values)`` for each row: writes ``values``, clears ``due`` and bumps the
+        version, each row checked against the version it was claimed or read with. A row that changed
+        since is left untouched and returned; every other row is written, and its object mirrors what was
+        written (``due`` None, the next version, ``values``). Nothing is half-written: one UPDATE of the rows
+        whose version still matches (on backends without UPDATE ... RETURNING: a locking read, then that
+        UPDATE, in one transaction). Call it inside ``ctx.transaction()``, as ``finish()``.
+        """
+        batch = list(rows)
+        _refuse_own_fields("finish_all", values)
+        _refuse_bad_batch(self.model, batch)
+        if not batch:
+            return []
+        using = self.db if self._db_given() else router.db_for_write(self.model)
+        written = _update_versioned(self.model, using, batch, dict(values, due=None))
+        conflicts = []
+        for row in batch:
+            if _pk_key(row.pk, self.model, using) in written:
+                for name, value in values.items():
+                    setattr(row, name, value)
+                row.due = None  # type: ignore[attr-defined]
+                row.version += 1  # type: ignore[attr-defined]
+            else:
+                conflicts.append(row)
+        return conflicts
+
+    def _db_given(self) -> bool:
+        """Return whether the queryset was given a database (``using()``); else the router picks the writer."""
+        return getattr(self, "_db", None) is not None
 
 
 class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
@@ -80,7 +123,7 @@ def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CLAIM:
         raise ValueError(f"claim(limit={limit!r}) is out of bounds: give a whole number from 1 to {MAX_CLAIM}.")
     if where is not None and not isinstance(where, Q):
-        raise TypeError(f"claim(where={where!r}) is not a Q: give e.g. where=Q(kind='welcome').")
+        raise TypeError(f"claim(where={type(where).__name__}) is not a Q: give e.g. where=Q(kind='welcome').")
     run = active_run()
     if run is None:
         raise ClaimOutsideJob(
@@ -95,18 +138,53 @@ def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
     return run
 
 
-def _take_write_lock(model: type[models.Model], using: str) -> None:
-    """Take SQLite's database write lock first, since it has no row locks (elsewhere, rows lock themselves).
+def _refuse_own_fields(method: str, values: dict[str, Any]) -> None:
+    clash = _OWN_FIELDS.intersection(values)
+    if clash:
+        raise TypeError(
+            f"{method}() sets {', '.join(sorted(clash))} itself: pass only your own fields, "
+            "or use requeue(at=...) to make a row due again."
+        )
 
-    A write statement that matches nothing still upgrades SQLite's transaction to the write lock, so a
-    second claimer waits here instead of reading the same rows.
+
+def _refuse_bad_batch(model: type[models.Model], batch: list[Any]) -> None:
+    seen = set()
+    for row in batch:
+        if not isinstance(row, model):
+            raise TypeError(
+                f"finish_all() got a {type(row).__name__}, not a {model._meta.label} row: "
+                f"finish each model's rows through its own manager."
+            )
+        if row.pk is None or row.pk in seen:
+            raise ValueError(
+                f"finish_all() got {'an unsaved row' if row.pk is None else f'row {row.pk} twice'}: "
+                "pass each claimed row once."
+            )
+        seen.add(row.pk)
+
+
+def _locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> QueueQuerySet[Any]:
+    """Lock the rows a claim reads, skipping those another session holds, as far as the backend can.
+
+    Without row locks (SQLite) the claim takes the database write lock before it reads, so a second
+    claimer waits for the first to commit instead of reading the same rows.
     """
-    connection = connections[using]
-    if connection.features.has_select_for_update_skip_locked:
-        return
+    features = connection.features
+    if features.has_select_for_update_skip_locked:
+        # OF keeps a where=Q(...) across a relation from locking the related rows too.
+        of = ("self",) if features.has_select_for_update_of else ()
+        return rows.select_for_update(skip_locked=True, of=of)
+    if features.has_select_for_update:
+        return rows.select_for_update()  # correct, though a claimer then waits for rows another holds
+    _take_write_lock(rows.model, connection)
+    return rows
+
+
+def _take_write_lock(model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+    """Take SQLite's database write lock now, in the open transaction (a write that matches nothing does)."""
     with connection.cursor() as cursor:
         table = connection.ops.quote_name(model._meta.db_table)
-        cursor.execute(f"UPDATE {table} SET version = version WHERE 1 = 0")  # noqa: S608
+        cursor.execute(f"UPDATE {table} SET version = version WHERE 1 = 0")  # noqa: S608  quoted name
 
 
 def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRun, now: datetime) -> None:
@@ -116,10 +194,12 @@ def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRu
     for row in rows:
         by_attempts[row.attempts].append(row.pk)
     due_by_attempts = {attempts: now + row_backoff(period, attempts + 1) for attempts in by_attempts}
+    due_expression: Any
     if len(due_by_attempts) == 1:
         (new_due,) = due_by_attempts.values()
-        due_expression: Any = Value(new_due)
+        due_expression = Value(new_due, output_field=models.DateTimeField())
     else:
+        # The rows are locked (SQLite: the database is), so their attempts are still what was read.
         due_expression = Case(
             *(When(attempts=attempts, then=Value(due)) for attempts, due in due_by_attempts.items()),
             output_field=models.DateTimeField(),
@@ -131,3 +211,55 @@ def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRu
         row.due = due_by_attempts[row.attempts]
         row.attempts += 1
         row.version += 1
+
+
+def _update_versioned(model: type[models.Model], using: str, rows: list[Any], values: dict[str, Any]) -> set[Any]:
+    """Write ``values`` and the next version to each row whose version is still the one read.
+
+    Returns the keys (``_pk_key``) of the rows written.
+    """
+    by_version: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_version[row.version].append(row.pk)
+    # Rows claimed together share a version or a few, so this stays a short condition, not one per row.
+    unchanged = reduce(or_, (Q(version=version, pk__in=pks) for version, pks in by_version.items()))
+    matching = model._base_manager.using(using).filter(unchanged)
+    values = dict(values, version=F("version") + 1)
+    connection = connections[using]
+    if _can_update_returning(connection):
+        query: Any = matching.query.chain(UpdateQuery)
+        query.add_update_values(values)
+        if not query.related_updates:  # a field of a parent model (multi-table inheritance) needs two UPDATEs
+            sql, params = query.get_compiler(using).as_sql()
+            pk_column = connection.ops.quote_name(str(model._meta.pk.column))
+            with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+                cursor.execute(f"{sql} RETURNING {pk_column}", params)
+                return {row[0] for row in cursor.fetchall()}
+    with transaction.atomic(using=using):
+        locked = _locked_for_update(matching, connection)
+        pks = list(locked.values_list("pk", flat=True))
+        if pks:
+            model._base_manager.using(using).filter(pk__in=pks).update(**values)
+    return {_pk_key(pk, model, using) for pk in pks}
+
+
+def _locked_for_update(rows: models.QuerySet[Any], connection: BaseDatabaseWrapper) -> models.QuerySet[Any]:
+    if connection.features.has_select_for_update:
+        return rows.select_for_update()
+    _take_write_lock(rows.model, connection)
+    return rows
+
+
+def _can_update_returning(connection: BaseDatabaseWrapper) -> bool:
+    # Django has no feature flag for UPDATE ... RETURNING (can_return_columns_from_insert is true on MariaDB,
+    # which has INSERT ... RETURNING but no UPDATE ... RETURNING), so this one asks the vendor.
+    if connection.vendor == "postgresql":
+        return True
+    if connection.vendor == "sqlite":
+        return bool(connection.Database.sqlite_version_info >= (3, 35))  # type: ignore[attr-defined]
+    return False
+
+
+def _pk_key(pk: Any, model: type[models.Model], using: str) -> Any:
+    """Return ``pk`` as the database answers it, to match the pks an UPDATE ... RETURNING gives back."""
+    return model._meta.pk.get_db_prep_value(pk, connections[using])

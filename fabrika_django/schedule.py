@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from .backoff import DEFAULT_PERIOD
 
@@ -20,6 +22,8 @@ MACROS = {
 # The period is measured from a fixed instant, so it is the same on every host and every day.
 _PERIOD_ORIGIN = datetime(2001, 1, 1, tzinfo=UTC)
 _PERIOD_SAMPLES = 16
+# croniter's random ("R") and hashed ("H") fields would fire at different times on different hosts.
+_NOT_PORTABLE = re.compile(r"(^|,)[RH]($|[(/,])", re.IGNORECASE)
 
 
 class Schedule:
@@ -48,12 +52,19 @@ class Schedule:
         start = moment.astimezone(UTC) + timedelta(microseconds=1)
         return croniter(self.fields, start).get_prev(datetime).astimezone(UTC)
 
-    @property
+    @cached_property
     def period(self) -> timedelta:
-        """Return the shortest gap between two fires: the base of a claimed row's backoff."""
-        it = croniter(self.fields, _PERIOD_ORIGIN)
-        fires = [it.get_next(datetime) for _ in range(_PERIOD_SAMPLES)]
-        return min(later - earlier for earlier, later in zip(fires, fires[1:], strict=False))
+        """Return the shortest gap between two fires: the base of a claimed row's backoff.
+
+        Computed once per schedule: every claim reads it.
+        """
+        return _period(self.fields)
+
+
+def _period(fields: str) -> timedelta:
+    it = croniter(fields, _PERIOD_ORIGIN)
+    fires = [it.get_next(datetime) for _ in range(_PERIOD_SAMPLES)]
+    return min(later - earlier for earlier, later in zip(fires, fires[1:], strict=False))
 
 
 def normalize(expression: object) -> str:
@@ -78,11 +89,23 @@ def normalize(expression: object) -> str:
             "(minute hour day-of-month month day-of-week), in UTC."
         )
     normalized = " ".join(fields)
+    if any(_NOT_PORTABLE.search(field) for field in fields):
+        raise ValueError(
+            f"Schedule {expression!r} uses a random or hashed field (R, H): give fixed values, "
+            "so every host fires the job at the same time."
+        )
     if not croniter.is_valid(normalized):
         raise ValueError(
             f"Schedule {expression!r} is not a valid cron expression: check each of its five fields "
             "(minute 0-59, hour 0-23, day 1-31, month 1-12, weekday 0-6)."
         )
+    try:
+        _period(normalized)
+    except CroniterError:
+        raise ValueError(
+            f"Schedule {expression!r} never fires (such as the 31st of February): "
+            "check its day-of-month and month fields."
+        ) from None
     return normalized
 
 
