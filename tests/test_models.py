@@ -1,0 +1,227 @@
+"""QueueModel: its fields and index, row.state, and the versioned row transitions."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from fabrika_django.exceptions import VersionConflict
+from testproject.outbox.models import OutboxMail
+from testproject.reminders.models import Reminder
+
+from .factories import OutboxMailFactory, ReminderFactory
+
+pytestmark = pytest.mark.django_db
+
+NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+
+
+def _stored(row):
+    return type(row)._base_manager.filter(pk=row.pk).values("attempts", "due", "version", "last_failure").get()
+
+
+def _change_behind_its_back(row):
+    type(row)._base_manager.filter(pk=row.pk).update(version=F("version") + 1)
+
+
+# --- fields, index, state --------------------------------------------------------------------------------
+
+
+def test_a_new_row_is_due_now_with_no_attempts_version_or_failure():
+    before = timezone.now()
+    row = Reminder.objects.create(note="n", email="a@example.com")
+
+    stored = _stored(row)
+    assert before <= stored.pop("due") <= timezone.now()
+    assert stored == {"attempts": 0, "version": 0, "last_failure": ""}
+    assert row.state == "waiting"
+
+
+def test_row_state_follows_due_and_attempts():
+    row = Reminder(due=NOON, attempts=2)  # max_attempts = 3
+    assert row.state == "waiting"
+    row.attempts = 3
+    assert row.state == "dead"
+    row.due = None
+    assert row.state == "done"
+
+
+def test_each_queue_model_gets_a_partial_due_pk_index():
+    (index,) = [index for index in OutboxMail._meta.indexes if index.fields == ["due", "id"]]
+
+    assert str(index.condition) == "(AND: ('due__isnull', False))"
+    constraints = connection.introspection.get_constraints(connection.cursor(), OutboxMail._meta.db_table)
+    assert constraints[index.name]["columns"] == ["due", "id"]
+    assert constraints[index.name]["index"] is True
+
+
+@pytest.mark.postgresql
+def test_the_due_index_leaves_done_rows_out_on_postgresql():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [Reminder._meta.db_table])
+        definitions = [row[0] for row in cursor.fetchall()]
+
+    assert [d for d in definitions if "(due, id)" in d][0].endswith("WHERE (due IS NOT NULL)")
+
+
+# --- finish ----------------------------------------------------------------------------------------------
+
+
+def test_finish_writes_values_clears_due_and_bumps_version_in_one_statement():
+    row = ReminderFactory(due=NOON, attempts=1, version=1)
+
+    with CaptureQueriesContext(connection) as queries:
+        row.finish(sent_at=NOON)
+
+    assert len(queries) == 1
+    assert (row.state, row.due, row.version, row.sent_at) == ("done", None, 2, NOON)
+    assert _stored(row) == {"attempts": 1, "due": None, "version": 2, "last_failure": ""}
+    assert Reminder.objects.get(pk=row.pk).sent_at == NOON
+
+
+def test_finish_of_a_row_changed_since_raises_version_conflict_and_writes_nothing():
+    row = ReminderFactory(due=NOON, attempts=1, version=1)
+    _change_behind_its_back(row)
+
+    with pytest.raises(VersionConflict) as conflict:
+        row.finish(sent_at=NOON)
+
+    assert str(conflict.value) == (
+        f"reminders.Reminder {row.pk} changed since it was read (version 1): nothing was written. "
+        "Re-read it with select_for_update() inside ctx.transaction() and decide again."
+    )
+    assert _stored(row) == {"attempts": 1, "due": NOON, "version": 2, "last_failure": ""}
+    assert Reminder.objects.get(pk=row.pk).sent_at is None
+    assert (row.due, row.version, row.sent_at) == (NOON, 1, None)
+
+
+def test_finish_refuses_the_framework_s_own_fields():
+    row = ReminderFactory(due=NOON)
+
+    with pytest.raises(TypeError, match=r"finish\(\) sets attempts itself: .* use requeue\(at=\.\.\.\)"):
+        row.finish(attempts=0)
+    assert _stored(row)["version"] == 0
+
+
+# --- remove ----------------------------------------------------------------------------------------------
+
+
+def test_remove_deletes_an_unchanged_row():
+    row = OutboxMailFactory(due=NOON, version=1)
+
+    row.remove()
+
+    assert not OutboxMail.objects.filter(pk=row.pk).exists()
+
+
+def test_remove_of_a_row_changed_since_raises_version_conflict_and_deletes_nothing():
+    row = OutboxMailFactory(due=NOON, version=1)
+    _change_behind_its_back(row)
+
+    with pytest.raises(VersionConflict, match="changed since it was read"):
+        row.remove()
+
+    assert _stored(row)["version"] == 2
+
+
+# --- requeue ---------------------------------------------------------------------------------------------
+
+
+def test_requeue_makes_the_row_due_at_the_given_time_with_no_attempts():
+    row = ReminderFactory(due=None, attempts=2, version=4, last_failure="send")
+
+    row.requeue(at=NOON + timedelta(days=1))
+
+    expected = {"attempts": 0, "due": NOON + timedelta(days=1), "version": 5, "last_failure": "send"}
+    assert _stored(row) == expected
+    assert (row.attempts, row.due, row.version) == (0, NOON + timedelta(days=1), 5)
+
+
+def test_requeue_defaults_to_now_by_the_wall_clock_outside_a_run():
+    row = ReminderFactory(due=NOON, attempts=3)
+    before = timezone.now()
+
+    row.requeue()
+
+    assert before <= _stored(row)["due"] <= timezone.now()
+
+
+def test_requeue_defaults_to_now_by_the_run_s_clock_inside_a_run(job_run):
+    row = ReminderFactory(due=None, attempts=3)
+
+    with job_run(now=NOON):
+        row.requeue()
+
+    assert _stored(row)["due"] == NOON
+
+
+def test_requeue_of_a_row_changed_since_raises_version_conflict_and_writes_nothing():
+    row = ReminderFactory(due=NOON, attempts=3, version=1)
+    _change_behind_its_back(row)
+
+    with pytest.raises(VersionConflict):
+        row.requeue()
+
+    assert _stored(row) == {"attempts": 3, "due": NOON, "version": 2, "last_failure": ""}
+
+
+# --- record_failure --------------------------------------------------------------------------------------
+
+
+def test_record_failure_keeps_the_code_and_bumps_the_version():
+    row = ReminderFactory(due=NOON, attempts=1, version=1)
+
+    row.record_failure("send.smtp-4xx_2")
+
+    assert _stored(row) == {"attempts": 1, "due": NOON, "version": 2, "last_failure": "send.smtp-4xx_2"}
+    assert (row.last_failure, row.version) == ("send.smtp-4xx_2", 2)
+
+
+def test_record_failure_accepts_a_code_of_sixty_four_characters():
+    row = ReminderFactory(due=NOON)
+
+    row.record_failure("x" * 64)
+
+    assert _stored(row)["last_failure"] == "x" * 64
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["", "x" * 65, "Send", "send failed", "smtp: 550 bob@example.com", "send\n", "sénd", None, 42],
+)
+def test_record_failure_refuses_what_is_not_a_fixed_code_without_quoting_it(code):
+    row = ReminderFactory(due=NOON)
+
+    with pytest.raises(ValueError) as refused:
+        row.record_failure(code)
+
+    assert str(refused.value) == (
+        "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
+        "naming the step (e.g. 'send'), never an error message."
+    )
+    assert _stored(row) == {"attempts": 0, "due": NOON, "version": 0, "last_failure": ""}
+
+
+def test_record_failure_of_a_row_changed_since_raises_version_conflict_and_writes_nothing():
+    row = ReminderFactory(due=NOON, version=1)
+    _change_behind_its_back(row)
+
+    with pytest.raises(VersionConflict):
+        row.record_failure("send")
+
+    assert _stored(row) == {"attempts": 0, "due": NOON, "version": 2, "last_failure": ""}
+
+
+def test_a_row_read_again_after_a_conflict_can_be_finished():
+    row = ReminderFactory(due=NOON, version=1)
+    _change_behind_its_back(row)
+    with pytest.raises(VersionConflict):
+        row.finish()
+
+    fresh = Reminder.objects.select_for_update().get(pk=row.pk)
+    fresh.finish()
+
+    assert _stored(row)["due"] is None
