@@ -2,8 +2,10 @@
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 import types
 from datetime import timedelta
 from io import StringIO
@@ -16,10 +18,11 @@ from django.utils import timezone
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
 from fabrika_django.schedule import Schedule
+from testproject.lab.models import Mark
 from testproject.reminders.models import Reminder
 
 from .jobs_helpers import temporary_job
-from .processes import ROOT
+from .processes import ROOT, start_manage
 
 
 def fabrika_job(*args):
@@ -86,6 +89,34 @@ def test_run_while_another_holds_the_lease_marks_the_job_pending_and_exits_0():
         code, out, _ = fabrika_job("run", "_succeed")
     assert (code, out) == (0, "Job _succeed is running elsewhere: marked pending, it runs once more after.\n")
     assert Job.objects.get(name="_succeed").pending_since is not None
+
+
+@pytest.mark.django_db
+def test_run_with_verbosity_0_is_silent_when_it_succeeds_whichever_side_of_the_action_it_is_given():
+    with temporary_job(_succeed):
+        assert fabrika_job("run", "_succeed", "-v", "0")[:2] == (0, "")
+        assert fabrika_job("-v", "0", "run", "_succeed")[:2] == (0, "")
+        assert fabrika_job("run", "_succeed", "--verbosity", "2")[1].startswith("Job _succeed succeeded")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_stops_a_run_at_once_releases_the_lease_and_exits_1():
+    started = start_manage("fabrika_job", "run", "lab_slow", LAB_SLOW_SECONDS=60)
+    try:
+        deadline = time.monotonic() + 30
+        while not Mark.objects.filter(job="lab_slow", note="start").exists():
+            assert started.poll() is None and time.monotonic() < deadline, started.stderr.read()
+            time.sleep(0.05)
+        started.send_signal(signal.SIGTERM)
+        out, err = started.communicate(timeout=30)  # well before the handler's 60 s sleep ends
+    finally:
+        started.kill()
+    assert started.returncode == 1, err
+    assert out == ""
+    assert re.search(r"^CommandError: Job lab_slow failed: shutdown after 1 attempt \(run ", err, re.MULTILINE), err
+    assert "Traceback" not in err
+    assert Lease.objects.get(job="lab_slow").token is None
+    assert list(Mark.objects.values_list("note", flat=True)) == ["start"]
 
 
 def test_run_of_an_unknown_job_exits_2_naming_the_known_ones():

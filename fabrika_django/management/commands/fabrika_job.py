@@ -131,6 +131,8 @@ class Command(BaseCommand):
         with _stop_on_sigterm() as stop:
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
+        if result.ok and options.get("verbosity", 1) < 1:
+            return  # -v 0: silent unless it failed, so cron mails only failures
         if result.outcome == "coalesced":
             self.stdout.write(f"Job {job.name} is running elsewhere: marked pending, it runs once more after.")
         elif result.ok:
