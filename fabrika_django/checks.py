@@ -11,6 +11,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
+- W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _check_jobs(
             )
         )
     errors.extend(_check_kicks(jobs))
+    errors.extend(_check_actions(jobs))
     return errors
 
 
@@ -127,6 +129,32 @@ def _check_kicks(jobs: JobRegistry) -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+def _check_actions(jobs: JobRegistry) -> list[checks.CheckMessage]:
+    declared = {
+        f"{model._meta.app_label}.{codename}"
+        for model in apps.get_models()
+        for codename in [
+            *(f"{action}_{model._meta.model_name}" for action in model._meta.default_permissions),
+            *(codename for codename, _name in model._meta.permissions),
+        ]
+    }
+    warnings: list[checks.CheckMessage] = []
+    for job in jobs:
+        for action in sorted(job.actions or ()):
+            if action not in declared:
+                # A Warning, not an Error: a permission can also be a row someone added by hand.
+                warnings.append(
+                    checks.Warning(
+                        f"Cron job '{job.name}' holds action '{action}', which no installed model declares.",
+                        hint="Give app_label.codename of a model's permission, e.g. 'tasks.change_task' "
+                        "(add_, change_, delete_, view_ and the Meta.permissions of each model).",
+                        obj=job.name,
+                        id="fabrika.W002",
+                    )
+                )
+    return warnings
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:

@@ -281,3 +281,21 @@ def test_a_top_level_fabrika_setting_is_a_warning_that_points_to_the_dict():
             id="fabrika.W001",
         ),
     ]
+
+
+def test_an_action_no_installed_model_declares_is_a_warning_naming_the_job():
+    jobs = _registry(
+        _job("a", actions=frozenset({"tasks.change_task", "tasks.change_tsk", "auth.view_user"})),
+        _job("b", actions=frozenset({"reminders.delete_reminder"})),
+        _job("c", actions=None),
+        _job("d", actions=frozenset()),
+    )
+    assert _check_jobs(jobs=jobs) == [
+        checks.Warning(
+            "Cron job 'a' holds action 'tasks.change_tsk', which no installed model declares.",
+            hint="Give app_label.codename of a model's permission, e.g. 'tasks.change_task' "
+            "(add_, change_, delete_, view_ and the Meta.permissions of each model).",
+            obj="a",
+            id="fabrika.W002",
+        )
+    ]

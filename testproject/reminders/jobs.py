@@ -7,7 +7,7 @@ from fabrika_django import VersionConflict, cron
 from .models import Reminder
 
 
-@cron("* * * * *", timeout=timedelta(minutes=2))
+@cron("* * * * *", timeout=timedelta(minutes=2), actions=["reminders.change_reminder"])
 def send_reminders(ctx):
     """Claim due reminders, "send" each (the demo logs its id), and mark it sent."""
     for reminder in Reminder.objects.claim(limit=50):

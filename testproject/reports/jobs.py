@@ -21,7 +21,7 @@ def render_csv(rows: int) -> bytes:
 
 
 # Kicked by the page that creates a request; the schedule picks up whatever a lost kick or a crash left.
-@cron("*/5 * * * *", timeout=timedelta(minutes=5))
+@cron("*/5 * * * *", timeout=timedelta(minutes=5), actions=["reports.change_reportrequest"])
 def render_reports(ctx):
     """Claim report requests, render each into its file, and mark it finished."""
     for request in ReportRequest.objects.claim(limit=10):

@@ -25,7 +25,7 @@ def is_overdue(now: datetime) -> Q:
     return Q(done=False, overdue=False, due_day__lt=first_open_day(now))
 
 
-@cron("15 * * * *", retries=2, timeout=timedelta(minutes=10))
+@cron("15 * * * *", retries=2, timeout=timedelta(minutes=10), actions=["tasks.change_task"])
 def mark_overdue(ctx):
     """Mark every open task past its due day, hourly; a task changed since it was listed is decided again."""
     overdue = is_overdue(ctx.now())
