@@ -66,6 +66,16 @@ def test_crontab_quotes_paths_the_shell_would_split(tmp_path):
     assert shlex.quote(str(odd)) in command
 
 
+def test_crontab_escapes_the_percent_signs_cron_would_read_as_newlines(tmp_path):
+    odd = tmp_path / "100%"
+    odd.mkdir()
+    (odd / "manage.py").write_text("")
+    line = [line for line in _crontab("--manage-py", str(odd / "manage.py")).splitlines() if "mark_overdue" in line]
+    assert line == [
+        f"15 * * * * cd {tmp_path}/100\\% && {sys.executable} {tmp_path}/100\\%/manage.py fabrika_job run mark_overdue"
+    ]
+
+
 def test_crontab_with_a_manage_py_that_does_not_exist_is_a_usage_error(tmp_path):
     with pytest.raises(CommandError) as refused:
         _crontab("--manage-py", str(tmp_path / "manage.py"))

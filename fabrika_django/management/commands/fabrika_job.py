@@ -170,7 +170,9 @@ class Command(BaseCommand):
         self.stdout.write("CRON_TZ=UTC")
         for job in registry:
             if job.schedule is not None:
-                self.stdout.write(f"{job.schedule.fields} {prefix} fabrika_job run {shlex.quote(job.name)}")
+                command = f"{prefix} fabrika_job run {shlex.quote(job.name)}"
+                escaped = command.replace("%", "\\%")  # cron turns an unescaped % into a newline
+                self.stdout.write(f"{job.schedule.fields} {escaped}")
 
     def _handle_list(self, **options: Any) -> None:
         now = timezone.now()
