@@ -8,7 +8,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 
 - E001 bad schedule, E002 bad timeout, E003 bad retries
 - E010 duplicate job name, E011 kick of an unknown job, E012 kick cycle
-- E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``
+- E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
@@ -29,6 +29,7 @@ from .conf import DEFAULTS
 from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
 from .schedule import Schedule, normalize
 
+_QUEUE_OPTIONS = ("max_attempts",)
 _DECLARE_HINT = "Declare the job with @cron(...), which checks its arguments at import."
 
 
@@ -206,7 +207,20 @@ def _check_queue_models(
                     id="fabrika.E020",
                 )
             )
-        max_attempts = getattr(getattr(model, "Queue", None), "max_attempts", DEFAULT_MAX_ATTEMPTS)
+        options = getattr(model, "Queue", None)
+        for option in sorted(name for name in vars(options or object) if not name.startswith("_")):
+            if option not in _QUEUE_OPTIONS:
+                close = difflib.get_close_matches(option, _QUEUE_OPTIONS, n=1)
+                errors.append(
+                    checks.Error(
+                        f"Queue model '{model._meta.label}' has unknown Queue option '{option}'.",
+                        hint=(f"Did you mean '{close[0]}'? " if close else "")
+                        + f"Queue options are: {', '.join(_QUEUE_OPTIONS)}.",
+                        obj=model,
+                        id="fabrika.E022",
+                    )
+                )
+        max_attempts = getattr(options, "max_attempts", DEFAULT_MAX_ATTEMPTS)
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             errors.append(
                 checks.Error(

@@ -299,3 +299,27 @@ def test_an_action_no_installed_model_declares_is_a_warning_naming_the_job():
             id="fabrika.W002",
         )
     ]
+
+
+@isolate_apps("testproject.lab")
+def test_an_unknown_queue_option_is_an_error_with_a_suggestion():
+    class Typo(QueueModel):
+        class Meta:
+            app_label = "lab"
+
+        class Queue:
+            max_attempt = 3
+            colour = "blue"
+
+    hint = "Queue options are: max_attempts."
+    assert _check_queue_models(models=[Typo]) == [
+        checks.Error(
+            "Queue model 'lab.Typo' has unknown Queue option 'colour'.", hint=hint, obj=Typo, id="fabrika.E022"
+        ),
+        checks.Error(
+            "Queue model 'lab.Typo' has unknown Queue option 'max_attempt'.",
+            hint="Did you mean 'max_attempts'? " + hint,
+            obj=Typo,
+            id="fabrika.E022",
+        ),
+    ]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import types
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -230,7 +230,7 @@ def test_status_json_counts_each_queue_table_by_state_and_shows_each_job():
     Reminder.objects.create(note="done", email="a@example.com", due=None)
     with temporary_job(_succeed), temporary_job(_fail):
         assert fabrika_job("run", "_succeed")[0] == 0
-        Job.objects.create(name="_fail", pending_since=now)
+        Job.objects.create(name="_fail", pending_since=now, next_fire=datetime(2030, 1, 1, 0, 15, tzinfo=UTC))
         Lease.objects.create(
             job="_fail",
             token="00000000-0000-0000-0000-000000000002",
@@ -254,12 +254,15 @@ def test_status_json_counts_each_queue_table_by_state_and_shows_each_job():
         "succeeded",
     )
     assert succeeded["last_trigger"] == "manual" and succeeded["last_started"] is not None
-    assert {key: jobs["_fail"][key] for key in ("state", "active", "pending", "holder", "last_outcome")} == {
+    assert {
+        key: jobs["_fail"][key] for key in ("state", "active", "pending", "holder", "last_outcome", "next_fire")
+    } == {
         "state": "active, pending",
         "active": True,
         "pending": True,
         "holder": "host:1:2",
         "last_outcome": None,
+        "next_fire": "2030-01-01 00:15:00",
     }
     assert jobs["mark_overdue"]["last_started"] is None
 

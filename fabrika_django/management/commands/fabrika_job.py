@@ -393,6 +393,7 @@ def _status(now: datetime) -> dict[str, Any]:
                 "active": active,
                 "pending": pending,
                 "holder": lease.get("holder") if active else None,
+                "next_fire": _utc(state.get("next_fire")),
                 "last_run_id": str(state["last_run_id"]) if state.get("last_run_id") else None,
                 "last_trigger": state.get("last_trigger") or None,
                 "last_started": _utc(state.get("last_started")),
