@@ -166,6 +166,17 @@ def test_worker_hands_concurrency_and_only_to_the_worker_and_runs_it(fake_worker
     ]
 
 
+def test_worker_gets_the_verbosity_when_it_takes_one(monkeypatch, fake_worker):
+    class Verbose(_FakeWorker):
+        def __init__(self, *, verbosity, **kwargs):
+            super().__init__(verbosity=verbosity, **kwargs)
+
+    monkeypatch.setattr(sys.modules["fabrika_django.worker"], "Worker", Verbose)
+    assert fabrika_job("worker", "-v", "2")[0] == 0
+    assert fabrika_job("worker")[0] == 0
+    assert [(made["verbosity"], made["ran"]) for made in fake_worker] == [(2, True), (1, True)]
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
