@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from django.db import models
+from django.db import models, router
 from django.db.models import Q
 from django.db.models.signals import class_prepared
 from django.dispatch import receiver
@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .exceptions import VersionConflict
-from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, _now, _refuse_own_fields, max_attempts_of
+from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, _now, _refuse_own_fields, _update_row, max_attempts_of
 
 FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
 
@@ -86,18 +86,12 @@ class QueueModel(models.Model):
 
     def _write_versioned(self, values: dict[str, Any]) -> None:
         """Write ``values`` and the next version in one UPDATE conditioned on the version read."""
-        new_version = self.version + 1
-        updated = (
-            type(self)
-            ._base_manager.using(self._state.db)
-            .filter(pk=self.pk, version=self.version)
-            .update(**values, version=new_version)
-        )
-        if not updated:
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        if not _update_row(type(self), using, self.pk, self.version, values):
             raise self._conflict()
         for name, value in values.items():
             setattr(self, name, value)
-        self.version = new_version
+        self.version += 1
 
     def _conflict(self) -> VersionConflict:
         return VersionConflict(

@@ -10,8 +10,9 @@ from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models, router, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -75,14 +76,15 @@ class QueueQuerySet(models.QuerySet[_M]):
         using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
         connection = connections[using]
         now = run.now()
-        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by("due", "pk")
+        # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
+        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by("due", "pk").defer("due")
         with framework_write(), transaction.atomic(using=using):
             rows = list(_locked(rows_qs, connection)[:limit])
             if rows:
                 _lease(self.model, using, rows, run, now)
         return rows
 
-    def finish_all(self, rows: Iterable[_M], **values: Any) -> list[_M]:
+    def finish_all(self, rows: Iterable[_M], /, **values: Any) -> list[_M]:
         """Finish many claimed rows in one statement; return the rows that changed since (the conflicts).
 
         Acts. Like ``row.finish(**values)`` for each row: writes ``values``, clears ``due`` and bumps the
@@ -99,9 +101,10 @@ class QueueQuerySet(models.QuerySet[_M]):
             return []
         using = self.db if self._db_given() else router.db_for_write(self.model)
         written = _update_versioned(self.model, using, batch, dict(values, due=None))
+        keys = _db_pks(self.model, connections[using], [row.pk for row in batch])
         conflicts = []
-        for row in batch:
-            if _pk_key(row.pk, self.model, using) in written:
+        for row, key in zip(batch, keys, strict=True):
+            if key in written:
                 for name, value in values.items():
                     setattr(row, name, value)
                 row.due = None  # type: ignore[attr-defined]
@@ -182,50 +185,87 @@ def _locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> QueueQ
 
 def _take_write_lock(model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
     """Take SQLite's database write lock now, in the open transaction (a write that matches nothing does)."""
+    table, version = _quoted(connection, model, "version")
     with connection.cursor() as cursor:
-        table = connection.ops.quote_name(model._meta.db_table)
-        cursor.execute(f"UPDATE {table} SET version = version WHERE 1 = 0")  # noqa: S608  quoted name
+        cursor.execute(f"UPDATE {table} SET {version} = {version} WHERE 1 = 0")  # noqa: S608  quoted names
+
+
+# The statements below are claim's and finish's hot path: they are written here, not by the ORM, because
+# compiling an UPDATE (and, for a batch, a condition on 500 pks) cost more than running it. They write exactly
+# what QuerySet.update() would; anything unusual (an expression, a parent model's field) goes to the ORM.
 
 
 def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRun, now: datetime) -> None:
     """Add an attempt, a version and the backoff to every row in one UPDATE, and mirror it on the objects."""
     period = run.job.period
-    by_attempts: dict[int, list[Any]] = defaultdict(list)
-    for row in rows:
-        by_attempts[row.attempts].append(row.pk)
-    due_by_attempts = {attempts: now + row_backoff(period, attempts + 1) for attempts in by_attempts}
-    due_expression: Any
+    due_by_attempts = {attempts: now + row_backoff(period, attempts + 1) for attempts in {row.attempts for row in rows}}
+    connection = connections[using]
+    due_field: Any = model._meta.get_field("due")
+    prepare = due_field.get_db_prep_save
+    table, attempts_c, due_c, version_c, pk_c = _quoted(connection, model, "attempts", "due", "version", "pk")
     if len(due_by_attempts) == 1:
-        (new_due,) = due_by_attempts.values()
-        due_expression = Value(new_due, output_field=models.DateTimeField())
+        due_sql, params = "%s", [prepare(next(iter(due_by_attempts.values())), connection)]
     else:
         # The rows are locked (SQLite: the database is), so their attempts are still what was read.
-        due_expression = Case(
-            *(When(attempts=attempts, then=Value(due)) for attempts, due in due_by_attempts.items()),
-            output_field=models.DateTimeField(),
-        )
-    model._base_manager.using(using).filter(pk__in=[row.pk for row in rows]).update(
-        attempts=F("attempts") + 1, version=F("version") + 1, due=due_expression
+        due_sql = f"CASE {attempts_c}{' WHEN %s THEN %s' * len(due_by_attempts)} END"
+        params = [value for attempts, due in due_by_attempts.items() for value in (attempts, prepare(due, connection))]
+    in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, [row.pk for row in rows]))
+    sql = (
+        f"UPDATE {table} SET {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1, {due_c} = {due_sql} "  # noqa: S608
+        f"WHERE {in_sql}"
     )
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *in_params])
     for row in rows:
         row.due = due_by_attempts[row.attempts]
         row.attempts += 1
         row.version += 1
 
 
+def _update_row(model: type[models.Model], using: str, pk: Any, version: int, values: dict[str, Any]) -> bool:
+    """Write ``values`` and the next version to the row if its version is still ``version``: one UPDATE."""
+    connection = connections[using]
+    assigned = _assignments(model, connection, values)
+    if assigned is None:
+        mine = model._base_manager.using(using).filter(pk=pk, version=version)
+        return bool(mine.update(**values, version=version + 1))
+    parts, params = assigned
+    table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+    sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = %s WHERE {pk_c} = %s AND {version_c} = %s"  # noqa: S608
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, version + 1, *_db_pks(model, connection, [pk]), version])
+        return cursor.rowcount == 1
+
+
 def _update_versioned(model: type[models.Model], using: str, rows: list[Any], values: dict[str, Any]) -> set[Any]:
     """Write ``values`` and the next version to each row whose version is still the one read.
 
-    Returns the keys (``_pk_key``) of the rows written.
+    Returns the written rows' pks as the database answers them (``_db_pks``).
     """
     by_version: dict[int, list[Any]] = defaultdict(list)
     for row in rows:
         by_version[row.version].append(row.pk)
-    # Rows claimed together share a version or a few, so this stays a short condition, not one per row.
+    connection = connections[using]
+    assigned = _assignments(model, connection, values)
+    if assigned is not None and _can_update_returning(connection):
+        parts, params = assigned
+        table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+        # Rows claimed together share a version or a few, so this stays a short condition, not one per row.
+        conditions = []
+        for version, pks in by_version.items():
+            in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, pks))
+            conditions.append(f"({version_c} = %s AND {in_sql})")
+            params += [version, *in_params]
+        sql = (
+            f"UPDATE {table} SET {', '.join(parts)}, {version_c} = {version_c} + 1 "  # noqa: S608
+            f"WHERE {' OR '.join(conditions)} RETURNING {pk_c}"
+        )
+        with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
     unchanged = reduce(or_, (Q(version=version, pk__in=pks) for version, pks in by_version.items()))
     matching = model._base_manager.using(using).filter(unchanged)
     values = dict(values, version=F("version") + 1)
-    connection = connections[using]
     if _can_update_returning(connection):
         query: Any = matching.query.chain(UpdateQuery)
         query.add_update_values(values)
@@ -240,7 +280,56 @@ def _update_versioned(model: type[models.Model], using: str, rows: list[Any], va
         pks = list(locked.values_list("pk", flat=True))
         if pks:
             model._base_manager.using(using).filter(pk__in=pks).update(**values)
-    return {_pk_key(pk, model, using) for pk in pks}
+    return set(_db_pks(model, connection, pks))
+
+
+def _assignments(
+    model: type[models.Model], connection: BaseDatabaseWrapper, values: dict[str, Any]
+) -> tuple[list[str], list[Any]] | None:
+    """Return ``column = %s`` parts and their prepared values, or None where the ORM must write (see above)."""
+    opts = model._meta
+    parts, params = [], []
+    for name, value in values.items():
+        try:
+            field: Any = opts.get_field(name)
+        except FieldDoesNotExist:
+            return None
+        if (
+            not field.concrete
+            or field.many_to_many
+            or field.model._meta.concrete_model is not opts.concrete_model
+            or hasattr(value, "resolve_expression")
+        ):
+            return None
+        if value is not None and field.remote_field and hasattr(value, "prepare_database_save"):
+            value = value.prepare_database_save(field)
+        parts.append(f"{connection.ops.quote_name(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    return parts, params
+
+
+def _quoted(connection: BaseDatabaseWrapper, model: type[models.Model], *names: str) -> list[str]:
+    """Return the model's quoted table name, then the quoted column of each field named ("pk" too)."""
+    opts = model._meta
+    fields: list[Any] = [opts.pk if name == "pk" else opts.get_field(name) for name in names]
+    return [connection.ops.quote_name(opts.db_table), *(connection.ops.quote_name(f.column) for f in fields)]
+
+
+def _pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[Any]) -> tuple[str, list[Any]]:
+    """Return ``column`` in ``pks`` as SQL and parameters."""
+    if connection.vendor == "postgresql":
+        # One array parameter, not a placeholder a row: psycopg's client-side binding parses a statement of
+        # 500 placeholders again on every execution, which costs more than PostgreSQL takes to run it.
+        return f"{column} = ANY(%s)", [pks]
+    return f"{column} IN ({', '.join(['%s'] * len(pks))})", pks
+
+
+def _db_pks(model: type[models.Model], connection: BaseDatabaseWrapper, pks: list[Any]) -> list[Any]:
+    """Return ``pks`` as the database takes and answers them (integers as they are)."""
+    field = model._meta.pk
+    if isinstance(field, models.IntegerField):
+        return list(pks)
+    return [field.get_db_prep_value(pk, connection) for pk in pks]
 
 
 def _locked_for_update(rows: models.QuerySet[Any], connection: BaseDatabaseWrapper) -> models.QuerySet[Any]:
@@ -258,8 +347,3 @@ def _can_update_returning(connection: BaseDatabaseWrapper) -> bool:
     if connection.vendor == "sqlite":
         return bool(connection.Database.sqlite_version_info >= (3, 35))  # type: ignore[attr-defined]
     return False
-
-
-def _pk_key(pk: Any, model: type[models.Model], using: str) -> Any:
-    """Return ``pk`` as the database answers it, to match the pks an UPDATE ... RETURNING gives back."""
-    return model._meta.pk.get_db_prep_value(pk, connections[using])

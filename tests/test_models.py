@@ -9,10 +9,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from fabrika_django.exceptions import VersionConflict
+from testproject.lab.models import Item
 from testproject.outbox.models import OutboxMail
 from testproject.reminders.models import Reminder
 
-from .factories import OutboxMailFactory, ReminderFactory
+from .factories import OutboxMailFactory, PersonFactory, ReminderFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -225,3 +226,21 @@ def test_a_row_read_again_after_a_conflict_can_be_finished():
     fresh.finish()
 
     assert _stored(row)["due"] is None
+
+
+def test_finish_writes_a_related_object_as_its_key():
+    row = OutboxMailFactory(due=NOON)
+    other = PersonFactory()
+
+    row.finish(person=other)
+
+    assert OutboxMail.objects.filter(pk=row.pk).values_list("person_id", "due").get() == (other.pk, None)
+    assert row.person == other
+
+
+def test_finish_with_an_expression_writes_it_through_the_orm():
+    row = Item.objects.create(due=NOON, writes=2)
+
+    row.finish(writes=F("writes") + 1)
+
+    assert Item.objects.filter(pk=row.pk).values_list("writes", "due", "version").get() == (3, None, 1)

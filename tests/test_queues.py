@@ -106,6 +106,7 @@ def test_claim_answers_rows_with_their_new_attempts_due_and_version_as_written(j
 
     expected = (1, NOON + timedelta(minutes=5), 1, "")
     assert [_fields(row) for row in claimed] == [expected] * 3
+    assert [row.get_deferred_fields() for row in claimed] == [set()] * 3  # nothing left to load
     assert [_fields(row) for row in Reminder.objects.order_by("pk")] == [expected] * 3
 
 
@@ -380,3 +381,19 @@ def test_finish_all_refuses_rows_of_another_model_or_twice_the_same_row(job_run)
     with pytest.raises(ValueError, match="got an unsaved row"):
         Reminder.objects.finish_all([Reminder(note="x")])
     assert Reminder.objects.get().due == NOON + timedelta(minutes=5)
+
+
+def test_finish_all_writes_related_objects_and_expressions(job_run):
+    ReportRequestFactory.create_batch(2, due=NOON - MINUTE, rows=5)
+    with job_run(now=NOON):
+        rows = ReportRequest.objects.claim()
+
+    assert ReportRequest.objects.finish_all(rows, rows=F("rows") * 2, finished_at=NOON) == []
+    assert list(ReportRequest.objects.values_list("rows", "finished_at", "due", "version")) == [
+        (10, NOON, None, 2),
+        (10, NOON, None, 2),
+    ]
+    mails = OutboxMailFactory.create_batch(2, due=NOON - MINUTE)
+    other = PersonFactory()
+    assert OutboxMail.objects.finish_all(mails, person=other) == []
+    assert set(OutboxMail.objects.values_list("person_id", "due", "version")) == {(other.pk, None, 1)}
