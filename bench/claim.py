@@ -1,0 +1,406 @@
+"""Benchmark claim and finish on PostgreSQL against pgbench doing the same SQL: ``python -m bench.claim``.
+
+Patterns, each from a freshly filled table of ``--rows`` due rows (see bench/README.md):
+  per_row  the seed's recipe: claim 50, finish each row in its own transaction
+  batch    claim 500, finish them all in one transaction (finish_all: one UPDATE)
+Each is measured four ways: "pgbench" (the same SQL from C, the database's own limit), "direct" (our
+claim/finish inside an active run, a plain transaction.atomic() per finish), and "job" (a registered
+@cron job run by fabrika_django.runner.run, finishing inside the lease-fenced ctx.transaction()).
+Every Python measurement runs in a child process of its own, so its peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench"
+WAYS = ("pgbench", "psycopg", "direct", "job")
+PATTERNS = {"per_row": 50, "batch": 500}  # claim limit of each pattern
+TABLE = "lab_item"
+MAX_ATTEMPTS = 10  # lab.Item declares no Queue options
+
+
+# --- child side: our code ---------------------------------------------------------------------------------
+
+
+def _setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("FABRIKA_LAB", "1")  # lab.Item is the benched queue table
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    os.environ.setdefault("FABRIKA_LOG_LEVEL", "WARNING")
+    os.environ["DEBUG"] = "0"  # as in production: DEBUG keeps every statement in connection.queries
+    import django
+
+    django.setup()
+
+
+def _drain(pattern: str, drain: int, finish_batch, clock=time.perf_counter) -> dict:
+    """Claim and finish ``drain`` rows the pattern's way; answer its latencies (seconds)."""
+    from testproject.lab.models import Item
+
+    limit = PATTERNS[pattern]
+    batches, finishes, claims = [], [], []
+    done = 0
+    started = clock()
+    while done < drain:
+        t0 = clock()
+        rows = Item.objects.claim(limit=min(limit, drain - done))
+        t1 = clock()
+        if not rows:
+            raise SystemExit(f"the table ran out of due rows after {done}: fill more (--rows)")
+        finishes.extend(finish_batch(rows))
+        batches.append(clock() - t0)
+        claims.append(t1 - t0)
+        done += len(rows)
+    return {"rows": done, "elapsed": clock() - started, "batches": batches, "finishes": finishes, "claims": claims}
+
+
+def _finisher(pattern: str, transaction_of):
+    """Return the function that finishes one claimed batch, timing each finish transaction."""
+    from testproject.lab.models import Item
+
+    def per_row(rows):
+        latencies = []
+        for row in rows:
+            t0 = time.perf_counter()
+            with transaction_of():
+                row.finish(writes=1)
+            latencies.append(time.perf_counter() - t0)
+        return latencies
+
+    def batch(rows):
+        t0 = time.perf_counter()
+        with transaction_of():
+            conflicts = Item.objects.finish_all(rows, writes=1)
+        if conflicts:
+            raise SystemExit(f"{len(conflicts)} rows changed during the bench: nothing else may use {TABLE}")
+        return [time.perf_counter() - t0]
+
+    return per_row if pattern == "per_row" else batch
+
+
+def _child_direct(pattern: str, drain: int) -> dict:
+    from django.db import transaction
+
+    from fabrika_django._running import ActiveRun, running
+    from fabrika_django.jobs import CronJob
+    from fabrika_django.schedule import Schedule
+
+    job = CronJob(name="bench_direct", func=lambda ctx: None, schedule=Schedule("*/5 * * * *"))
+    with running(ActiveRun(job=job)):
+        return _drain(pattern, drain, _finisher(pattern, transaction.atomic))
+
+
+def _child_job(pattern: str, drain: int) -> dict:
+    from fabrika_django import cron
+    from fabrika_django._handlers import handler_threads
+    from fabrika_django.runner import run
+
+    answer: dict = {}
+
+    @cron("*/5 * * * *", name=f"bench_{pattern}", timeout=timedelta(hours=1))
+    def bench_job(ctx):
+        answer.update(_drain(pattern, drain, _finisher(pattern, ctx.transaction)))
+
+    t0 = time.perf_counter()
+    result = run(bench_job)
+    whole = time.perf_counter() - t0
+    handler_threads.drain()
+    if not result.ok:
+        raise SystemExit(f"the bench job ended {result.outcome}")
+    answer["run_elapsed"] = whole  # with the run's own start and end (lease, history)
+    return answer
+
+
+def _child_psycopg(pattern: str, drain: int, url: str) -> dict:
+    """The same statements from plain psycopg (client-side binding, as Django): Python's own floor."""
+    import psycopg
+
+    limit = PATTERNS[pattern]
+    conn = psycopg.connect(_psql_url(url), cursor_factory=psycopg.ClientCursor)
+    claim_sql = (
+        f"SELECT id, n, writes, attempts, version, last_failure FROM {TABLE} WHERE due IS NOT NULL "
+        f"AND attempts < {MAX_ATTEMPTS} AND due <= %s ORDER BY due, id LIMIT %s FOR UPDATE OF {TABLE} SKIP LOCKED"
+    )
+    lease_sql = f"UPDATE {TABLE} SET attempts = attempts + 1, version = version + 1, due = %s WHERE id = ANY(%s)"
+    batches, finishes, done = [], [], 0
+    started = time.perf_counter()
+    while done < drain:
+        t0 = time.perf_counter()
+        now = datetime.now(UTC)
+        with conn.transaction():
+            rows = conn.execute(claim_sql, [now, min(limit, drain - done)]).fetchall()
+            conn.execute(lease_sql, [now + timedelta(minutes=5), [row[0] for row in rows]])
+        if pattern == "per_row":
+            for row in rows:
+                t1 = time.perf_counter()
+                with conn.transaction():
+                    conn.execute(
+                        f"UPDATE {TABLE} SET writes = %s, due = %s, version = %s WHERE id = %s AND version = %s",
+                        [1, None, row[4] + 2, row[0], row[4] + 1],
+                    )
+                finishes.append(time.perf_counter() - t1)
+        else:
+            t1 = time.perf_counter()
+            with conn.transaction():
+                conn.execute(
+                    f"UPDATE {TABLE} SET writes = %s, due = %s, version = version + 1 "
+                    "WHERE version = %s AND id = ANY(%s) RETURNING id",
+                    [1, None, rows[0][4] + 1, [row[0] for row in rows]],
+                ).fetchall()
+            finishes.append(time.perf_counter() - t1)
+        batches.append(time.perf_counter() - t0)
+        done += len(rows)
+    conn.close()
+    return {"rows": done, "elapsed": time.perf_counter() - started, "batches": batches, "finishes": finishes}
+
+
+def _child(args) -> None:
+    if args.child == "psycopg":
+        answer = _child_psycopg(args.pattern, args.drain, args.database_url)
+    else:
+        _setup_django(args.database_url)
+        measure = _child_direct if args.child == "direct" else _child_job
+        answer = measure(args.pattern, args.drain)
+    answer["peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    json.dump(answer, sys.stdout)
+
+
+# --- parent side: the table, pgbench, the report ------------------------------------------------------------
+
+
+def _psql_url(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+def _ensure_database(url: str) -> None:
+    import psycopg
+
+    name = url.rsplit("/", 1)[1].split("?")[0]
+    with psycopg.connect(_psql_url(url.rsplit("/", 1)[0] + "/postgres"), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _fill(url: str, rows: int) -> None:
+    """Make ``rows`` due rows, oldest first, in a table vacuumed and analysed as a running one would be."""
+    import psycopg
+
+    with psycopg.connect(_psql_url(url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {TABLE}")
+        conn.execute(
+            f"INSERT INTO {TABLE} (n, writes, attempts, due, version, last_failure) "
+            "SELECT g, 0, 0, now() - interval '1 hour' + g * interval '1 millisecond', 0, '' "
+            "FROM generate_series(1, %s) AS g",
+            [rows],
+        )
+        conn.execute(f"VACUUM ANALYZE {TABLE}")
+
+
+def _check_drained(url: str, drain: int) -> None:
+    """Fail the bench unless exactly ``drain`` rows were finished, each once."""
+    import psycopg
+
+    with psycopg.connect(_psql_url(url)) as conn:
+        done, writes, versions = conn.execute(
+            f"SELECT count(*), coalesce(sum(writes), 0), count(*) FILTER (WHERE version = 2) "
+            f"FROM {TABLE} WHERE due IS NULL"
+        ).fetchone()
+    if not done == writes == versions == drain:
+        raise SystemExit(f"expected {drain} rows finished once, found done={done} writes={writes} v2={versions}")
+
+
+_CLAIMED = (
+    f"SELECT id, due, version FROM {TABLE} WHERE due IS NOT NULL AND attempts < {MAX_ATTEMPTS} AND due <= now() "
+    f"ORDER BY due, id LIMIT {{limit}} FOR UPDATE OF {TABLE} SKIP LOCKED"
+)
+
+
+def _pgbench_script(pattern: str) -> str:
+    """The SQL our code sends for one claimed batch, as one pgbench transaction (one script run)."""
+    limit = PATTERNS[pattern]
+    claim_update = (
+        f"UPDATE {TABLE} SET attempts = attempts + 1, version = version + 1, "
+        "due = now() + interval '5 minutes' WHERE {where};"
+    )
+    claimed = _CLAIMED.format(limit=limit)
+    lines = ["BEGIN;"]
+    if pattern == "per_row":
+        # One variable per row, so each finish sends literal values, as Django's client-side binding does.
+        columns = ", ".join(f"ids[{k}] AS id{k}, vs[{k}] AS v{k}" for k in range(1, limit + 1))
+        lines.append(
+            f"SELECT {columns} FROM (SELECT array_agg(id ORDER BY due, id) AS ids, "
+            f"array_agg(version + 1 ORDER BY due, id) AS vs FROM ({claimed}) AS claimed) AS a \\gset"
+        )
+        ids = ", ".join(f":id{k}" for k in range(1, limit + 1))
+        lines.append(claim_update.format(where=f"id IN ({ids})"))
+        lines.append("COMMIT;")
+        for k in range(1, limit + 1):
+            lines += [
+                "BEGIN;",
+                f"UPDATE {TABLE} SET writes = 1, due = NULL, version = :v{k} + 1 "
+                f"WHERE id = :id{k} AND version = :v{k};",
+                "COMMIT;",
+            ]
+    else:
+        lines.append(f"SELECT array_agg(id) AS ids, min(version) + 1 AS v FROM ({claimed}) AS claimed \\gset")
+        lines.append(claim_update.format(where="id = ANY(':ids'::bigint[])"))
+        lines.append("COMMIT;")
+        lines += [
+            "BEGIN;",
+            f"UPDATE {TABLE} SET writes = 1, due = NULL, version = version + 1 "
+            f"WHERE version = :v AND id = ANY(':ids'::bigint[]) RETURNING id;",
+            "COMMIT;",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _pgbench(url: str, pattern: str, drain: int, clients: int) -> dict:
+    batches = drain // PATTERNS[pattern]
+    if batches % clients:
+        raise SystemExit(f"--clients must divide the {batches} batches of {pattern}")
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch, f"{pattern}.sql")
+        script.write_text(_pgbench_script(pattern))
+        prefix = str(Path(scratch, "log"))
+        argv = ["pgbench", "-n", "-M", "simple", "-f", str(script), "-c", str(clients), "-j", str(clients)]
+        argv += ["-t", str(batches // clients), "-l", "--log-prefix", prefix, "-d", _psql_url(url)]
+        out_path, err_path = Path(scratch, "out"), Path(scratch, "err")
+        t0 = time.perf_counter()
+        with out_path.open("w") as out, err_path.open("w") as err:
+            process = subprocess.Popen(argv, stdout=out, stderr=err)
+            # wait4, not communicate(): it answers this child's own peak RSS.
+            _pid, status, rusage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+        elapsed = time.perf_counter() - t0
+        out = out_path.read_text()
+        if process.returncode:
+            raise SystemExit(f"pgbench failed: {err_path.read_text().strip()}")
+        tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))
+        latencies = []
+        for log in Path(scratch).glob("log*"):
+            latencies += [int(line.split()[2]) / 1e6 for line in log.read_text().splitlines()]
+    return {
+        "rows": batches * PATTERNS[pattern],
+        "rows_per_s": tps * PATTERNS[pattern],
+        "elapsed": elapsed,
+        "batches": latencies,
+        "peak_rss_kb": rusage.ru_maxrss,
+    }
+
+
+def _python(url: str, way: str, pattern: str, drain: int) -> dict:
+    argv = [sys.executable, "-m", "bench.claim", "--child", way, "--pattern", pattern, "--drain", str(drain)]
+    argv += ["--database-url", url]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if done.returncode:
+        raise SystemExit(f"{way} {pattern} failed: {done.stderr.strip()[-2000:]}")
+    answer = json.loads(done.stdout)
+    answer["rows_per_s"] = answer["rows"] / answer["elapsed"]
+    return answer
+
+
+def _ms(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:.2f}"
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda figures: figures["rows_per_s"])[len(runs) // 2]
+
+
+def _report(runs: dict, args) -> None:
+    print(
+        f"{args.rows} due rows; per_row finishes {args.per_row_drain}, batch {args.batch_drain}; "
+        f"median of {args.repeat} interleaved runs; pgbench -c {args.clients} -M simple"
+    )
+    header = (
+        f"{'pattern':8} {'way':8} {'rows/s':>7} {'(min-max)':>13} {'of pgbench':>10} {'of psycopg':>10} "
+        f"{'batch ms p50/p95/p99':>20} {'finish tx ms p50/p99':>20} {'peak RSS':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    medians = {pattern: {way: _median_run(found) for way, found in ways.items()} for pattern, ways in runs.items()}
+    for pattern, ways in runs.items():
+        limit = medians[pattern].get("pgbench", {}).get("rows_per_s")
+        floor = medians[pattern].get("psycopg", {}).get("rows_per_s")
+        for way, found in ways.items():
+            figures = medians[pattern][way]
+            speed = figures["rows_per_s"]
+            spread = f"({min(f['rows_per_s'] for f in found):.0f}-{max(f['rows_per_s'] for f in found):.0f})"
+            of_limit = f"{speed / limit:.0%}" if limit else "-"
+            of_floor = f"{speed / floor:.0%}" if floor and way != "pgbench" else "-"
+            batch = "/".join(_ms(figures["batches"], q) for q in (0.5, 0.95, 0.99))
+            finish = "/".join(_ms(figures.get("finishes", []), q) for q in (0.5, 0.99))
+            rss = f"{max(f['peak_rss_kb'] for f in found) / 1024:.0f} MB"
+            print(
+                f"{pattern:8} {way:8} {speed:>7.0f} {spread:>13} {of_limit:>10} {of_floor:>10} "
+                f"{batch:>20} {finish:>20} {rss:>8}"
+            )
+    print()
+    for pattern, target in (("per_row", 0.60), ("batch", 0.40)):
+        limit = medians[pattern].get("pgbench", {}).get("rows_per_s")
+        for way in ("direct", "job"):
+            figures = medians[pattern].get(way)
+            if limit and figures:
+                ratio = figures["rows_per_s"] / limit
+                verdict = "meets" if ratio >= target else "MISSES"
+                print(f"{pattern} {way}: {ratio:.0%} of pgbench, {verdict} the target of {target:.0%}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.claim", description=__doc__.split("\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--rows", type=int, default=100_000, help="due rows the table is filled with")
+    parser.add_argument("--per-row-drain", type=int, default=30_000, help="rows the per_row pattern finishes")
+    parser.add_argument("--batch-drain", type=int, default=100_000, help="rows the batch pattern finishes")
+    parser.add_argument("--clients", type=int, default=1, help="pgbench connections (our side: one)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each way, interleaved; the median counts")
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"a subset of {','.join(WAYS)}")
+    parser.add_argument("--child", choices=WAYS[1:], help=argparse.SUPPRESS)
+    parser.add_argument("--pattern", choices=tuple(PATTERNS), help=argparse.SUPPRESS)
+    parser.add_argument("--drain", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return
+
+    _ensure_database(args.database_url)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env=dict(os.environ, DATABASE_URL=args.database_url, FABRIKA_LAB="1"),
+    )
+    ways = args.ways.split(",")
+    drains = {"per_row": args.per_row_drain, "batch": args.batch_drain}
+    runs: dict[str, dict[str, list[dict]]] = {pattern: {way: [] for way in ways} for pattern in PATTERNS}
+    for pattern in PATTERNS:
+        # Interleaved, so that whatever else the machine does weighs on every way alike.
+        for repeat in range(1, args.repeat + 1):
+            for way in ways:
+                _fill(args.database_url, args.rows)
+                print(f"# {pattern} {way} run {repeat}: {drains[pattern]} of {args.rows} due rows", file=sys.stderr)
+                if way == "pgbench":
+                    figures = _pgbench(args.database_url, pattern, drains[pattern], args.clients)
+                else:
+                    figures = _python(args.database_url, way, pattern, drains[pattern])
+                _check_drained(args.database_url, drains[pattern])
+                runs[pattern][way].append(figures)
+    _report(runs, args)
+
+
+if __name__ == "__main__":
+    main()
