@@ -74,22 +74,23 @@ def request_run(name: str, *, using: str | None = None) -> None:
                 f"UPDATE {table} SET pending_since = %s WHERE name = %s AND pending_since IS NULL",  # noqa: S608
                 [connection.ops.adapt_datetimefield_value(_now()), name],
             )
-            marked, exists = cursor.rowcount, None
+            marked = cursor.rowcount
+            # Zero rows: already pending (the common case under load), or no row yet (the rare miss).
+            exists = marked or Job.objects.using(alias).filter(name=name, pending_since__isnull=False).exists()
     if not marked and not exists:
         _create_pending(name, alias)
     logger.debug("Kick job=%s marked=%d", name, bool(marked))
 
 
 def _create_pending(name: str, alias: str) -> None:
-    """The rare miss: make the job's row already pending (and wake listeners), unless it exists."""
+    """The rare miss: make the job's row (unless another session just did) and mark it pending."""
     from django.db.models.functions import Now
 
     from .models import Job
 
     manager = Job.objects.using(alias)
-    if manager.filter(name=name).exists():
-        return
     manager.bulk_create([Job(name=name)], ignore_conflicts=True)
+    # Whoever made the row, it may not be pending yet: a worker's sync makes rows without the flag.
     if manager.filter(name=name, pending_since__isnull=True).update(pending_since=Now()):
         notify(name, using=alias)
 

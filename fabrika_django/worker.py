@@ -84,6 +84,8 @@ class Worker:
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
         self._running: set[str] = set()
+        # Jobs whose run failed in the database (job -> holder): their lease may still be held, by nobody.
+        self._orphans: dict[str, str] = {}
         self._runners: list[threading.Thread] = []
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         # Bumped when a connection was found dead: runner threads then reconnect before their next run.
@@ -156,9 +158,10 @@ class Worker:
                 return  # the scan that follows the end of a run sees its pending flag
             self._dispatch(name, "kick")
         elif kind == "done":
-            name, failed = message[1], message[2]
+            name, failed, holder = message[1], message[2], message[3]
             self._running.discard(name)
             if failed:
+                self._orphans[name] = holder
                 self._connection_lost()
                 self._next_scan = time.monotonic() + self._backoff.next()
             else:
@@ -172,6 +175,8 @@ class Worker:
         try:
             if not self._prepared:
                 self._prepare()
+            if self._orphans:
+                self._release_orphans()
             states = self._read_states()
             self._fire_and_dispatch(states)
         except DatabaseError as exc:
@@ -244,6 +249,25 @@ class Worker:
             if (state["pending_since"] is not None and not state["held"]) or state["orphaned"]:
                 self._dispatch(name, "kick")
 
+    def _release_orphans(self) -> None:
+        """Free the leases of runs the database cut off in this worker, and run those jobs again.
+
+        Such a run is over (runner.run raised), so nothing of this worker works under its lease: without
+        this, the job would wait for the lease to expire.
+        """
+        from ._running import framework_write
+        from .models import Lease
+
+        for name, holder in list(self._orphans.items()):
+            with framework_write():
+                freed = Lease.objects.filter(job=name, holder=holder, token__isnull=False).update(
+                    token=None, holder="", run_id=None, expires=None, attempt=0
+                )
+            if freed:
+                logger.info("Released the lease of a run cut off by the database job=%s", name)
+                request_run(name)
+            del self._orphans[name]
+
     def _until_next_scan(self, states: dict[str, dict[str, Any]]) -> float:
         interval = max(0.01, float(settings.POLL_INTERVAL))
         if self._clock is not None:
@@ -279,7 +303,7 @@ class Worker:
                 if epoch != self._epoch:
                     epoch = self._epoch
                     _close_quietly()
-                self._inbox.put(("done", name, not self._run_one(name, trigger, holder)))
+                self._inbox.put(("done", name, not self._run_one(name, trigger, holder), holder))
         finally:
             _close_quietly()
 

@@ -1,0 +1,151 @@
+"""Commit-to-start latency of a kicked job, with a worker idle: LISTEN/NOTIFY on PostgreSQL, and polling.
+
+    .venv/bin/python bench/kick_latency.py [--kicks 500] [--postgres URL] [--poll-interval 0.1]
+
+For each mode it makes a fresh database, starts ``manage.py fabrika_job worker --only lab_stamp``, then
+``--kicks`` times: commits a row with a kick inside the transaction, waits until the run ended and the
+worker is idle again, and idles a random part of a poll interval. The lab job ``lab_stamp`` notes
+``time.time()`` as its handler starts; the latency is that minus the moment just before the commit (so it
+includes the commit and the kick's statement).
+Polling runs on SQLite, where a worker has no other way to hear of a kick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP = 20
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kicks", type=int, default=500)
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432/fabrika_bench")
+    parser.add_argument("--poll-interval", type=float, default=0.1)
+    parser.add_argument("--only", choices=("listen", "poll"), help="run one mode")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args.child, args.kicks, args.poll_interval)
+    sqlite = os.path.join(tempfile.gettempdir(), f"fabrika-bench-{os.getpid()}.sqlite3")
+    modes = [
+        ("listen", "PostgreSQL, LISTEN/NOTIFY", args.postgres, {}),
+        (
+            "poll",
+            f"SQLite, polling every {args.poll_interval * 1000:.0f} ms",
+            f"sqlite:///{sqlite}",
+            {"FABRIKA_POLL_INTERVAL": str(args.poll_interval)},
+        ),
+    ]
+    for mode, title, url, extra in modes:
+        if args.only and mode != args.only:
+            continue
+        # Idle a random part of a poll interval before each kick, so kicks fall at every phase of the
+        # worker's polling (right after a run ends the worker has just looked; a kick then waits longest).
+        idle = args.poll_interval if mode == "poll" else 0.02
+        env = dict(os.environ, DATABASE_URL=url, FABRIKA_LAB="1", DJANGO_SETTINGS_MODULE="testproject.settings")
+        env.update(extra)
+        env.setdefault("FABRIKA_LOG_LEVEL", "WARNING")
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, "--kicks", str(args.kicks), "--poll-interval", str(idle)],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        ).stdout
+        latencies = json.loads(out.strip().splitlines()[-1])
+        _report(title, latencies)
+    if os.path.exists(sqlite):
+        os.unlink(sqlite)
+    return 0
+
+
+def _report(title: str, latencies: list[float]) -> None:
+    ms = sorted(value * 1000 for value in latencies)
+    cuts = statistics.quantiles(ms, n=100, method="inclusive")
+    sys.stdout.write(
+        f"{title}: {len(ms)} kicks  p50 {cuts[49]:.2f} ms  p95 {cuts[94]:.2f} ms  p99 {cuts[98]:.2f} ms  "
+        f"max {ms[-1]:.2f} ms\n"
+    )
+
+
+def _fresh_database(url: str) -> None:
+    if not url.startswith("postgres"):
+        return
+    import psycopg
+
+    name = url.rsplit("/", 1)[1].split("?")[0]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+
+def _child(mode: str, kicks: int, idle: float) -> int:
+    _fresh_database(os.environ["DATABASE_URL"])
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    from fabrika_django import kick
+    from fabrika_django.models import Lease
+    from testproject.lab.models import Mark
+
+    call_command("migrate", verbosity=0)
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", "--only", "lab_stamp", "-v", "0"],
+        cwd=ROOT,
+    )
+    try:
+        latencies = []
+        for number in range(WARMUP + kicks):
+            last = Mark.objects.filter(job="lab_stamp").order_by("-pk").values_list("pk", flat=True).first() or 0
+            with transaction.atomic():
+                Mark.objects.create(job="bench", note=str(number))
+                kick("lab_stamp")
+                committing = time.time()
+            stamp = _wait_for_stamp(Mark, last, worker)
+            _wait_idle(Lease)
+            time.sleep(random.uniform(0, idle))
+            if number >= WARMUP:
+                latencies.append(stamp - committing)
+        sys.stdout.write(json.dumps(latencies) + "\n")
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        connection.close()
+    return 0
+
+
+def _wait_for_stamp(mark_model, last: int, worker: subprocess.Popen) -> float:
+    deadline = time.monotonic() + 30
+    while True:
+        note = mark_model.objects.filter(job="lab_stamp", pk__gt=last).values_list("note", flat=True).first()
+        if note is not None:
+            return float(note)
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"The worker did not run lab_stamp (exit code {worker.poll()}).")
+        time.sleep(0.003)
+
+
+def _wait_idle(lease_model) -> None:
+    while lease_model.objects.filter(job="lab_stamp", token__isnull=False).exists():
+        time.sleep(0.003)
+    time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""The worker: kicks start runs, coalesce, schedules fire once across workers, stops and outages are survived.
+
+In-process workers (threads) where a test moves the clock; real ``fabrika_job worker`` processes otherwise.
+"""
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import OperationalError, connection, transaction
+from django.test import override_settings
+
+from fabrika_django import kick, runner
+from fabrika_django.models import Attempt, Job, Lease
+from fabrika_django.testing import FixedClock, run_job
+from fabrika_django.worker import Worker
+from testproject.lab.models import Mark
+
+from .jobs_helpers import temporary_job
+from .workers import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST_POLL = 0.05
+
+
+def fast_poll():
+    return override_settings(FABRIKA={**django_settings.FABRIKA, "POLL_INTERVAL": FAST_POLL})
+
+
+@contextlib.contextmanager
+def worker_thread(**options):
+    """Run a Worker in a thread of this process for the block; stop it and wait for it after."""
+    worker = Worker(install_signals=False, **options)
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def runs(name):
+    return list(Attempt.objects.filter(job=name).order_by("started", "pk").values_list("trigger", "outcome"))
+
+
+def mark(ctx, note):
+    with ctx.transaction():
+        Mark.objects.create(job=ctx.job.name, note=note, attempt=ctx.attempt)
+
+
+# -- in-process workers ----------------------------------------------------------------------------------
+
+
+def test_a_worker_starts_a_kicked_job_and_leaves_it_idle():
+    def kicked(ctx):
+        mark(ctx, ctx.trigger)
+
+    with temporary_job(kicked), fast_poll(), worker_thread(only=["kicked"]):
+        with transaction.atomic():
+            kick("kicked")
+        wait_until(lambda: Mark.objects.filter(job="kicked").exists(), what="the kicked run")
+        wait_until(lambda: Lease.objects.filter(job="kicked", token=None).exists(), what="the lease's release")
+    assert list(Mark.objects.values_list("note", flat=True)) == ["kick"]
+    assert Job.objects.get(name="kicked").pending_since is None
+
+
+def test_a_worker_with_only_leaves_other_jobs_alone():
+    def served(ctx):
+        mark(ctx, "served")
+
+    def ignored(ctx):
+        mark(ctx, "ignored")
+
+    with temporary_job(served), temporary_job(ignored), fast_poll(), worker_thread(only=["served"]):
+        kick("ignored")
+        kick("served")
+        wait_until(lambda: Mark.objects.filter(note="served").exists(), what="the served job's run")
+        time.sleep(10 * FAST_POLL)
+    assert list(Mark.objects.values_list("note", flat=True)) == ["served"]
+    assert Job.objects.get(name="ignored").pending_since is not None
+
+
+def test_a_new_scheduled_job_gets_its_next_fire_from_the_clock():
+    clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+
+    def hourly(ctx):
+        mark(ctx, "ran")
+
+    with temporary_job(hourly, "@hourly"), fast_poll(), worker_thread(only=["hourly"], clock=clock):
+        wait_until(lambda: Job.objects.filter(name="hourly", next_fire__isnull=False).exists(), what="next_fire")
+    assert Job.objects.get(name="hourly").next_fire == datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
+    assert not Mark.objects.exists()
+
+
+def test_fires_missed_while_no_worker_ran_are_made_up_with_one_run():
+    clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+
+    def minutely(ctx):
+        mark(ctx, ctx.trigger)
+
+    with temporary_job(minutely, "* * * * *"):
+        Job.objects.create(name="minutely", next_fire=datetime(2026, 3, 1, 11, 1, tzinfo=UTC))  # 60 fires ago
+        with fast_poll(), worker_thread(only=["minutely"], clock=clock):
+            wait_until(lambda: runs("minutely") == [("schedule", "succeeded")], what="the make-up run")
+            time.sleep(10 * FAST_POLL)
+    assert runs("minutely") == [("schedule", "succeeded")]
+    assert Job.objects.get(name="minutely").next_fire == datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
+
+
+@pytest.mark.postgresql
+def test_three_workers_under_a_moving_clock_run_each_fire_exactly_once():
+    clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+
+    def each_minute(ctx):
+        mark(ctx, ctx.trigger)
+
+    with temporary_job(each_minute, "* * * * *"), fast_poll(), contextlib.ExitStack() as stack:
+        for _ in range(3):
+            stack.enter_context(worker_thread(only=["each_minute"], clock=clock, concurrency=2))
+        wait_until(lambda: Job.objects.filter(name="each_minute", next_fire__isnull=False).exists(), what="init")
+        for minute in range(1, 6):
+            clock.advance(timedelta(minutes=1))
+            wait_until(lambda m=minute: Mark.objects.count() >= m, what=f"fire {minute}")
+            wait_until(lambda: Lease.objects.filter(job="each_minute", token=None).exists(), what="the run's end")
+            time.sleep(6 * FAST_POLL)  # every worker has looked at the fire again
+        assert Mark.objects.count() == 5
+    assert runs("each_minute") == [("schedule", "succeeded")] * 5
+
+
+def test_stopping_a_worker_aborts_its_attempt_releases_the_lease_and_hands_the_job_over():
+    reasons = []
+    started = threading.Event()
+
+    def patient(ctx):
+        started.set()
+        ctx.signal.wait(60)
+        reasons.append(ctx.signal.reason)
+
+    with temporary_job(patient), fast_poll():
+        with worker_thread(only=["patient"]):
+            kick("patient")
+            assert started.wait(30)
+        # The block's exit stopped the worker and waited for it.
+    assert reasons == ["shutdown"]
+    assert runs("patient") == [("kick", "shutdown")]
+    assert Lease.objects.get(job="patient").token is None
+    assert Job.objects.get(name="patient").pending_since is not None  # the next worker runs it at once
+
+
+def test_a_run_cut_off_by_the_database_frees_its_lease_and_runs_again_without_waiting_for_expiry(monkeypatch):
+    real_end = runner._end
+    failures = []
+
+    def end_once_broken(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_end(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_end", end_once_broken)
+
+    def cut(ctx):
+        mark(ctx, "ran")
+
+    with temporary_job(cut), fast_poll(), worker_thread(only=["cut"]):
+        kick("cut")
+        wait_until(lambda: Mark.objects.count() == 2, what="the run again")
+        wait_until(lambda: Lease.objects.filter(job="cut", token=None).exists(), what="the lease's release")
+    assert runs("cut") == [("kick", "succeeded"), ("kick", "succeeded")]  # the lease (30 s) never expired
+
+
+def test_verbosity_sets_the_level_of_fabrika_logs():
+    package = logging.getLogger("fabrika_django")
+    before = package.level
+    try:
+        levels = []
+        for verbosity in (0, 1, 2, 3):
+            Worker(verbosity=verbosity, only=[])._configure_logging()
+            levels.append(package.level)
+    finally:
+        package.setLevel(before)
+    assert levels == [logging.WARNING, logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
+def test_the_history_job_prunes_attempts_older_than_run_history_days():
+    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    for age in (40, 31, 29, 1):
+        Attempt.objects.create(
+            job="x",
+            run_id="00000000-0000-0000-0000-000000000001",
+            trigger="kick",
+            number=age,
+            started=now - timedelta(days=age),
+            outcome="succeeded",
+        )
+    with override_settings(FABRIKA={**django_settings.FABRIKA, "RUN_HISTORY_DAYS": 30}):
+        result = run_job("fabrika_prune_history", now=now)
+    assert result.outcome == "succeeded"
+    assert sorted(Attempt.objects.filter(job="x").values_list("number", flat=True)) == [1, 29]
+    assert Job.objects.get(name="fabrika_prune_history").last_outcome == "succeeded"
+
+
+# -- worker processes ------------------------------------------------------------------------------------
+
+
+def test_a_kick_with_a_worker_process_running_starts_the_job():
+    worker = WorkerProcess("--only", "lab_slow", LAB_SLOW_SECONDS=0, FABRIKA_POLL_INTERVAL=0.2)
+    try:
+        with transaction.atomic():
+            Mark.objects.create(job="request", note="row")
+            kick("lab_slow")
+        wait_until(
+            lambda: Mark.objects.filter(job="lab_slow", note="end").exists(), workers=[worker], what="the kicked run"
+        )
+    finally:
+        worker.kill()
+    assert list(Mark.objects.filter(job="lab_slow").values_list("note", "pid")) == [
+        ("start", worker.pid),
+        ("end", worker.pid),
+    ]
+
+
+@pytest.mark.postgresql
+def test_a_thousand_kicks_from_twenty_threads_make_few_runs_one_at_a_time_and_a_run_after_the_last():
+    worker = WorkerProcess("--only", "lab_slow", LAB_SLOW_SECONDS=0.2)
+    last_kick_sent = []
+    lock = threading.Lock()
+
+    def kicker(seed):
+        jitter = random.Random(seed)
+        try:
+            for _ in range(50):
+                time.sleep(jitter.uniform(0, 0.04))  # the kicks spread over about a second: several runs
+                before = time.time()
+                with transaction.atomic():
+                    kick("lab_slow")
+            with lock:
+                last_kick_sent.append(before)
+        finally:
+            connection.close()
+
+    try:
+        # A first run shows the worker is up, so the kicks below meet it running.
+        kick("lab_slow")
+        wait_until(lambda: Mark.objects.filter(note="end").exists(), workers=[worker], what="the first run")
+        threads = [threading.Thread(target=kicker, args=(seed,)) for seed in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(last_kick_sent) == 20
+
+        def settled():
+            idle = Lease.objects.filter(job="lab_slow", token=None).exists()
+            return idle and Job.objects.get(name="lab_slow").pending_since is None
+
+        wait_until(settled, workers=[worker], what="the kicks' runs")
+    finally:
+        worker.kill()
+    notes = list(Mark.objects.filter(job="lab_slow").values_list("note", "at"))
+    # Never two runs at once: each start is followed by its end before the next start.
+    assert [note for note, _ in notes] == ["start", "end"] * (len(notes) // 2)
+    assert 3 <= len(notes) // 2 <= 40  # several runs during the kicks, yet coalesced
+    last_start = max(at for note, at in notes if note == "start")
+    assert last_start.timestamp() > max(last_kick_sent)
+
+
+@pytest.mark.postgresql
+def test_three_worker_processes_run_each_due_fire_exactly_once():
+    workers = [WorkerProcess("--only", "lab_yearly", FABRIKA_POLL_INTERVAL=FAST_POLL) for _ in range(3)]
+    try:
+        wait_until(
+            lambda: Job.objects.filter(name="lab_yearly", next_fire__isnull=False).exists(),
+            workers=workers,
+            what="next_fire",
+        )
+        for fires in range(1, 6):
+            # As though the clock passed a fire (missed ones too: each New Year since 2021).
+            Job.objects.filter(name="lab_yearly").update(next_fire=datetime(2021 + fires, 1, 1, tzinfo=UTC))
+            wait_until(lambda n=fires: Mark.objects.count() >= n, workers=workers, what=f"fire {fires}")
+            wait_until(
+                lambda: Job.objects.get(name="lab_yearly").next_fire.year > 2026, workers=workers, what="the next fire"
+            )
+            time.sleep(10 * FAST_POLL)  # every worker has polled the fire again
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert list(Mark.objects.values_list("note", flat=True)) == ["schedule"] * 5
+    assert len({pid for pid in Mark.objects.values_list("pid", flat=True)}) >= 1
+
+
+@pytest.mark.postgresql
+def test_a_worker_whose_connections_were_cut_recovers_and_serves_the_next_kick():
+    worker = WorkerProcess("--only", "lab_slow", LAB_SLOW_SECONDS=0)
+    try:
+        kick("lab_slow")
+        wait_until(lambda: Mark.objects.filter(note="end").count() == 1, workers=[worker], what="the first run")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (cut,) = cursor.fetchone()
+        assert cut >= 2  # at least the listener and the loop's connection
+        kick("lab_slow")
+        wait_until(lambda: Mark.objects.filter(note="end").count() == 2, workers=[worker], what="the next run")
+        assert "Listen connection lost" in worker.output()
+        # Nothing is left blocked: the run released its lease.
+        wait_until(
+            lambda: Lease.objects.filter(job="lab_slow", token=None).exists(),
+            workers=[worker],
+            what="the lease's release",
+        )
+    finally:
+        worker.kill()
