@@ -6,8 +6,9 @@ import re
 from datetime import datetime
 from typing import Any
 
-from django.db import models, router
+from django.db import models, router, transaction
 from django.db.models import Q
+from django.db.models.deletion import Collector
 from django.db.models.signals import class_prepared
 from django.dispatch import receiver
 from django.utils import timezone
@@ -78,9 +79,15 @@ class QueueModel(models.Model):
 
     def remove(self) -> None:
         """Delete the row, if it is unchanged since it was read."""
-        deleted, _rows = (
-            type(self)._base_manager.using(self._state.db).filter(pk=self.pk, version=self.version).delete()
-        )
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        mine = type(self)._base_manager.using(using).filter(pk=self.pk, version=self.version)
+        if Collector(using, origin=self).can_fast_delete(mine):
+            deleted, _rows = mine.delete()  # one DELETE ... WHERE pk AND version
+        else:
+            # Cascades and delete signals make Django read the row before it deletes it by pk: lock it in that
+            # read, so the version checked there still holds when the DELETE comes.
+            with transaction.atomic(using=using):
+                deleted, _rows = mine.select_for_update().delete()
         if not deleted:
             raise self._conflict()
 

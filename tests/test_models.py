@@ -244,3 +244,26 @@ def test_finish_with_an_expression_writes_it_through_the_orm():
     row.finish(writes=F("writes") + 1)
 
     assert Item.objects.filter(pk=row.pk).values_list("writes", "due", "version").get() == (3, None, 1)
+
+
+def test_remove_of_a_row_with_delete_signals_still_deletes_only_an_unchanged_row():
+    from django.db.models.signals import post_delete
+
+    deleted = []
+
+    def record(sender, instance, **kwargs):
+        deleted.append(instance.pk)
+
+    post_delete.connect(record, sender=Reminder)  # Django now reads the row before deleting it
+    try:
+        changed = ReminderFactory(due=NOON, version=1)
+        _change_behind_its_back(changed)
+        with pytest.raises(VersionConflict):
+            changed.remove()
+        unchanged = ReminderFactory(due=NOON, version=1)
+        unchanged.remove()
+    finally:
+        post_delete.disconnect(record, sender=Reminder)
+
+    assert deleted == [unchanged.pk]
+    assert list(Reminder.objects.values_list("pk", flat=True)) == [changed.pk]
