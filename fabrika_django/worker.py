@@ -172,6 +172,8 @@ class Worker:
 
     def _scan(self) -> None:
         """Read every served job's state in one query; fire what is due, run what is pending or orphaned."""
+        # Polls keep their cadence from the start of each scan, however long the scan took.
+        began = time.monotonic()
         try:
             if not self._prepared:
                 self._prepare()
@@ -189,7 +191,9 @@ class Worker:
         if self._backoff.failures:
             logger.info("Database back")
             self._backoff.reset()
-        self._next_scan = time.monotonic() + self._until_next_scan(states)
+        wait = self._until_next_scan(states)
+        # A scan slower than the interval does not make the next one follow at once.
+        self._next_scan = max(began + wait, time.monotonic() + wait / 4)
 
     def _prepare(self) -> None:
         runner.sync_jobs(list(self.jobs))
