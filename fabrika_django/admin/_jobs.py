@@ -23,8 +23,20 @@ from ..schedule import Schedule
 from ._queues import _moment
 
 _DAYS = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")  # fmt: skip
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 _RECENT_ATTEMPTS = 10
 
 
@@ -84,14 +96,36 @@ def _when(value: datetime | None) -> str:
 class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Jobs: registered jobs joined with their rows; "Run now" kicks a job."""
 
-    list_display = ("name", "schedule", "in_words", "next_fire_at", "run_state", "last_run", "outcome",
-                    "last_success", "failures_in_row")  # fmt: skip
+    list_display = (
+        "name",
+        "schedule",
+        "in_words",
+        "next_fire_at",
+        "run_state",
+        "last_run",
+        "outcome",
+        "last_success",
+        "failures_in_row",
+    )
     list_filter = ("last_outcome",)
     search_fields = ("name",)
     actions = ["run_selected_now"]
     change_form_template = "admin/fabrika_django/job_change_form.html"
-    fields = ("name", "schedule", "in_words", "next_fire_at", "run_state", "retries", "timeout", "kicks",
-              "last_run", "outcome", "last_success", "failures_in_row", "recent_attempts")  # fmt: skip
+    fields = (
+        "name",
+        "schedule",
+        "in_words",
+        "next_fire_at",
+        "run_state",
+        "retries",
+        "timeout",
+        "kicks",
+        "last_run",
+        "outcome",
+        "last_success",
+        "failures_in_row",
+        "recent_attempts",
+    )
     readonly_fields = fields
 
     class Media:
@@ -278,8 +312,20 @@ class AttemptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
     list_filter = (_JobFilter, "outcome", "trigger")
     date_hierarchy = "started"
-    fields = ("job", "run_id", "number", "trigger", "holder", "started", "finished", "took", "outcome_badge",
-              "error_class", "frames_block", "message")  # fmt: skip
+    fields = (
+        "job",
+        "run_id",
+        "number",
+        "trigger",
+        "holder",
+        "started",
+        "finished",
+        "took",
+        "outcome_badge",
+        "error_class",
+        "frames_block",
+        "message",
+    )
     readonly_fields = fields
     show_full_result_count = False  # a long history: no second COUNT(*) over the whole table
 

@@ -120,8 +120,16 @@ def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[di
         ):
             value = getattr(counts, state)
             shown = f"{DONE_COUNT_CAP}+" if state == "done" and value > DONE_COUNT_CAP else str(value)
-            cells.append({"state": state, "css": state.replace("_", "-"), "label": label, "count": value,
-                          "shown": shown, "url": f"{url}?state={state}" if url else None})  # fmt: skip
+            cells.append(
+                {
+                    "state": state,
+                    "css": state.replace("_", "-"),
+                    "label": label,
+                    "count": value,
+                    "shown": shown,
+                    "url": f"{url}?state={state}" if url else None,
+                }
+            )
         rows.append(
             {
                 "label": model._meta.verbose_name_plural,
