@@ -122,19 +122,22 @@ def run(
     mail_mode: str | None = None,
     inline: bool | None = None,
     pause: Callable[[int], float] | None = None,
+    mark_pending: bool = True,
 ) -> RunResult:
     """Run ``job`` now, or mark it pending when a run is active elsewhere ("coalesced").
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
     seconds between them (a short growing pause by default). When the job was kicked during the run, it
-    runs once more before the lease is released.
+    runs once more before the lease is released. ``mark_pending=False`` (a worker serving the pending
+    flag) leaves the flag as it is when another run is active: that run started after the flag was set,
+    or sees it when it ends.
     """
     if isinstance(job, str):
         job = registry.get(job)
     holder = holder or default_holder()
     if inline is None:
         inline = default_connection.in_atomic_block
-    lease = _start_or_join(job, trigger, holder)
+    lease = _start_or_join(job, trigger, holder, mark_pending=mark_pending)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
         return RunResult(job=job.name, outcome="coalesced")
@@ -177,7 +180,7 @@ def _lock_job_row(name: str) -> bool:
     return bool(Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row")))
 
 
-def _start_or_join(job: CronJob, trigger: str, holder: str) -> _Lease | None:
+def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: bool = True) -> _Lease | None:
     """Take the job's lease for a new run, or mark the job pending if another run holds it.
 
     A lease left expired by a holder that vanished (a crash, SIGKILL) is taken over: the cut-off attempt is
@@ -207,7 +210,8 @@ def _start_or_join(job: CronJob, trigger: str, holder: str) -> _Lease | None:
             expires=Now() + Value(timedelta(seconds=lease_seconds)),
         )
         if not taken:
-            Job.objects.filter(name=job.name, pending_since__isnull=True).update(pending_since=Now())
+            if mark_pending:
+                Job.objects.filter(name=job.name, pending_since__isnull=True).update(pending_since=Now())
             return None
         if previous.get("token"):
             Attempt.objects.filter(job=job.name, run_id=previous["run_id"], outcome=Outcome.RUNNING).update(

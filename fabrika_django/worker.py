@@ -314,7 +314,16 @@ class Worker:
     def _run_one(self, name: str, trigger: str, holder: str) -> bool:
         """Run the job; return False when the database failed the run's bookkeeping (it is tried again)."""
         try:
-            result = runner.run(self.jobs[name], trigger, stop=self._stop, holder=holder, clock=self._clock)
+            # A kick's run serves the pending flag: if another worker's run won the race for the lease, it
+            # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
+            result = runner.run(
+                self.jobs[name],
+                trigger,
+                stop=self._stop,
+                holder=holder,
+                clock=self._clock,
+                mark_pending=trigger != "kick",
+            )
             if result.outcome == "shutdown":
                 # Stopped before its end: the other workers take it over at once, not after the lease.
                 request_run(name)

@@ -135,6 +135,23 @@ def test_three_workers_under_a_moving_clock_run_each_fire_exactly_once():
     assert runs("each_minute") == [("schedule", "succeeded")] * 5
 
 
+@pytest.mark.postgresql
+def test_a_kick_heard_by_two_workers_makes_one_run():
+    def heard(ctx):
+        mark(ctx, "ran")
+
+    with temporary_job(heard), fast_poll(), contextlib.ExitStack() as stack:
+        for _ in range(2):
+            stack.enter_context(worker_thread(only=["heard"]))
+        for kicks in range(1, 6):
+            kick("heard")
+            wait_until(lambda k=kicks: Mark.objects.count() >= k, what=f"run {kicks}")
+            wait_until(lambda: Lease.objects.filter(job="heard", token=None).exists(), what="the run's end")
+            time.sleep(4 * FAST_POLL)  # both workers have looked again
+    # Both workers race for each kick; the one that loses leaves the flag alone: the winner's run served it.
+    assert runs("heard") == [("kick", "succeeded")] * 5
+
+
 def test_stopping_a_worker_aborts_its_attempt_releases_the_lease_and_hands_the_job_over():
     reasons = []
     started = threading.Event()
