@@ -275,7 +275,11 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         job = kwargs.get("obj") or context.get("original")
         context.update(
-            show_save=False, show_save_and_continue=False, show_save_and_add_another=False, show_delete=False
+            title=_("Job"),
+            show_save=False,
+            show_save_and_continue=False,
+            show_save_and_add_another=False,
+            show_delete=False,
         )
         if job is not None and job.name in registry and self.has_change_permission(request, job):
             context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[job.pk])

@@ -1,0 +1,226 @@
+"""The admin in headless Chromium: from the overview to a dead row, requeued with its button.
+
+Runs on SQLite only: the PostgreSQL run covers the same views with the test client (tests/test_admin.py)
+and a second browser pass would only cost CI time. Without Chromium the tests skip, saying why, unless
+``FABRIKA_REQUIRE_BROWSER=1`` (CI) makes that a failure. The screenshots go to a temporary directory;
+to refresh those the README shows (without the test suite's lab app):
+``FABRIKA_LAB=0 FABRIKA_SCREENSHOTS=docs/screenshots python -m pytest tests/test_admin_browser.py``.
+"""
+
+import os
+import shutil
+import tempfile
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.staticfiles.testing import StaticLiveServerTestCase
+from django.utils import timezone
+
+from fabrika_django.models import Attempt, Job
+from testproject.outbox.models import OutboxMail, Person, Registration
+from testproject.reminders.models import Reminder
+
+pytestmark = pytest.mark.browser
+
+_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,1000",
+)
+
+
+def _browser_missing():
+    """Return why no headless Chromium can run here, or None."""
+    if "sqlite" not in settings.DATABASES["default"]["ENGINE"]:
+        return None  # decided by _skip_reason
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        return "Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)"
+    return None
+
+
+def _skip_reason():
+    if "sqlite" not in settings.DATABASES["default"]["ENGINE"]:
+        return "browser tests run on SQLite only, to save CI time; test_admin.py covers these views on this database"
+    missing = _browser_missing()
+    if missing and os.environ.get("FABRIKA_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"FABRIKA_REQUIRE_BROWSER=1 but {missing}.", pytrace=False)
+    return missing
+
+
+class AdminInChromiumTests(StaticLiveServerTestCase):
+    @classmethod
+    def setUpClass(cls):
+        reason = _skip_reason()
+        if reason:
+            pytest.skip(reason)
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        super().setUpClass()
+        cls.profile = tempfile.mkdtemp(prefix="fabrika-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+        for flag in (*_FLAGS, f"--user-data-dir={cls.profile}"):
+            options.add_argument(flag)
+        try:
+            cls.browser = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+        except Exception:
+            super().tearDownClass()
+            shutil.rmtree(cls.profile, ignore_errors=True)
+            raise
+        cls.browser.implicitly_wait(5)
+        cls.shots = Path(os.environ.get("FABRIKA_SCREENSHOTS") or tempfile.mkdtemp(prefix="fabrika-shots-"))
+        cls.shots.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.browser.quit()
+        shutil.rmtree(cls.profile, ignore_errors=True)
+        super().tearDownClass()
+
+    def setUp(self):
+        get_user_model().objects.create_superuser("admin", "admin@localhost", "admin")
+        now = timezone.now()
+        self.dead = [
+            Reminder.objects.create(
+                note=note,
+                email="demo@example.com",
+                due=now - timedelta(hours=hours),
+                attempts=3,
+                version=3,
+                last_failure="send",
+            )
+            for note, hours in (("Pay the rent", 26), ("Call the plumber", 5))
+        ]
+        Reminder.objects.create(note="Water the plants", email="demo@example.com", due=now + timedelta(minutes=20))
+        Reminder.objects.create(note="Book the dentist", email="demo@example.com", due=now - timedelta(minutes=4))
+        Reminder.objects.create(note="Buy a present", email="demo@example.com", due=None, sent_at=now)
+        person = Person.objects.create(name="Ada", email="ada@example.com")
+        for subject, due, attempts in (
+            ("Welcome", now - timedelta(minutes=1), 1),
+            ("Your week", None, 1),
+            ("Last week", now - timedelta(hours=9), 5),
+        ):
+            OutboxMail.objects.create(
+                person=person,
+                kind="digest",
+                subject=subject,
+                text="Hi",
+                due=due,
+                attempts=attempts,
+                last_failure="send" if attempts == 5 else "",
+            )
+        Registration.objects.create(name="Grace", email="grace@example.com", due=now + timedelta(hours=1))
+        run = uuid.uuid4()
+        Job.objects.create(
+            name="mark_overdue",
+            last_run_id=run,
+            last_trigger="schedule",
+            last_outcome="succeeded",
+            last_started=now - timedelta(minutes=12),
+            last_finished=now - timedelta(minutes=12),
+            last_success=now - timedelta(minutes=12),
+        )
+        for number, outcome in ((1, "handler_failed"), (2, "succeeded")):
+            Attempt.objects.create(
+                job="mark_overdue",
+                run_id=run,
+                trigger="schedule",
+                number=number,
+                outcome=outcome,
+                started=now - timedelta(minutes=13 - number),
+                finished=now - timedelta(minutes=12),
+                error_class="builtins.TimeoutError" if number == 1 else "",
+                frames="testproject/tasks/jobs.py:37" if number == 1 else "",
+            )
+        Job.objects.create(
+            name="send_reminders",
+            last_outcome="handler_failed",
+            failures_in_row=3,
+            last_started=now - timedelta(minutes=1),
+            last_trigger="schedule",
+            last_success=now - timedelta(hours=5),
+        )
+
+    def _open(self, path):
+        self.browser.get(f"{self.live_server_url}{path}")
+
+    def _css(self, selector):
+        from selenium.webdriver.common.by import By
+
+        return self.browser.find_element(By.CSS_SELECTOR, selector)
+
+    def _follow(self, element):
+        """Click ``element`` and wait for the next page: finding elements before it loads would find the old page's."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.expected_conditions import staleness_of
+        from selenium.webdriver.support.wait import WebDriverWait
+
+        page = self.browser.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(self.browser, 10).until(staleness_of(page))
+
+    def _log_in(self):
+        self._open("/admin/login/?next=/admin/")
+        self._css("#id_username").send_keys("admin")
+        self._css("#id_password").send_keys("admin")
+        self._follow(self._css("input[type=submit]"))
+        self.assertEqual(self._css("#site-name").text, "Django administration")
+        # The screenshots show the page, not the navigation sidebar beside it.
+        self.browser.execute_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+
+    def test_dead_row_is_found_from_the_overview_and_requeued_with_its_button(self):
+        from selenium.webdriver.common.by import By
+
+        self._log_in()
+        self._open("/admin/fabrika_django/")
+        self._follow(self.browser.find_element(By.LINK_TEXT, "Overview of queues and jobs"))
+        self.assertEqual(self._css("#content h1").text, "Background work overview")
+        dead = self._css('tr[data-model="reminders.Reminder"] a[data-state="dead"]')
+        self.assertEqual(dead.text, "2 dead")
+        self.browser.save_screenshot(str(self.shots / "admin-overview.png"))
+
+        self._follow(dead)
+        self.assertTrue(self.browser.current_url.endswith("/admin/reminders/reminder/?state=dead"))
+        listed = self.browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+        self.assertEqual(len(listed), 2)
+        self.assertEqual({row.find_element(By.CSS_SELECTOR, ".fabrika-badge").text for row in listed}, {"dead"})
+        self.browser.save_screenshot(str(self.shots / "admin-dead-rows.png"))
+
+        self._follow(self.browser.find_element(By.LINK_TEXT, f"Reminder {self.dead[0].pk}"))
+        self._follow(self._css("button.fabrika-tool"))
+        self.assertEqual(self._css("ul.messagelist li.success").text, "Requeued 1 reminder.")
+        self.assertEqual(self._css(".field-queue_state .readonly").text, "due now")
+        row = Reminder.objects.get(pk=self.dead[0].pk)
+        self.assertEqual((row.attempts, row.state), (0, "waiting"))
+
+        self._open("/admin/reminders/reminder/?state=waiting")
+        waiting = self.browser.find_elements(By.LINK_TEXT, f"Reminder {self.dead[0].pk}")
+        self.assertEqual(len(waiting), 1)
+        self._open("/admin/reminders/reminder/?state=dead")
+        self.assertEqual(len(self.browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")), 1)
+
+    def test_job_page_shows_the_schedule_and_runs_the_job_now(self):
+        from selenium.webdriver.common.by import By
+
+        self._log_in()
+        self._open("/admin/fabrika_django/job/")
+        self._follow(self.browser.find_element(By.LINK_TEXT, "mark_overdue"))
+        self.assertEqual(self._css(".field-in_words .readonly").text, "hourly at minute 15")
+        self._follow(self._css("button.fabrika-tool"))
+        self.assertEqual(self._css("ul.messagelist li.success").text, "Kicked mark_overdue: a worker runs it shortly.")
+        self.assertEqual(self._css(".field-run_state .readonly").text, "pending")
+        self.assertIsNotNone(Job.objects.get(name="mark_overdue").pending_since)
+        self.browser.save_screenshot(str(self.shots / "admin-job.png"))
