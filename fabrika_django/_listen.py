@@ -11,7 +11,9 @@ import logging
 import threading
 from collections.abc import Callable
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.utils.connection import ConnectionDoesNotExist
 
 from .kicks import CHANNEL
 
@@ -41,7 +43,14 @@ def listen_alias(alias: str | None) -> str | None:
     """Return the alias to LISTEN on, or None when the worker has to poll (not PostgreSQL, or turned off)."""
     if not alias:
         return None
-    return alias if connections[alias].vendor == "postgresql" else None
+    try:
+        vendor = connections[alias].vendor
+    except ConnectionDoesNotExist:
+        raise ImproperlyConfigured(
+            f"FABRIKA['LISTEN_DATABASE'] is {alias!r}, which is not in DATABASES: name a database alias that "
+            "connects directly (not through a transaction pooler), or None to poll."
+        ) from None
+    return alias if vendor == "postgresql" else None
 
 
 class Listener(threading.Thread):

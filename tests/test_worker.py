@@ -12,10 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
 from fabrika_django import kick, runner
+from fabrika_django._listen import listen_alias
 from fabrika_django.models import Attempt, Job, Lease
 from fabrika_django.testing import FixedClock, run_job
 from fabrika_django.worker import Worker
@@ -205,6 +207,16 @@ def test_verbosity_sets_the_level_of_fabrika_logs():
     finally:
         package.setLevel(before)
     assert levels == [logging.WARNING, logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
+def test_a_listen_database_missing_from_databases_is_refused_with_the_fix():
+    with pytest.raises(ImproperlyConfigured, match="'ghost', which is not in DATABASES: name a database alias"):
+        listen_alias("ghost")
+
+
+def test_the_worker_listens_on_postgresql_and_polls_elsewhere_or_when_turned_off():
+    assert listen_alias("default") == ("default" if connection.vendor == "postgresql" else None)
+    assert listen_alias(None) is None
 
 
 def test_the_history_job_prunes_attempts_older_than_run_history_days():
