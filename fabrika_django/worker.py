@@ -331,8 +331,9 @@ class Worker:
             logger.warning("Run could not start or end job=%s error=%s", name, type(exc).__name__)
             _close_quietly()
             return False
-        except Exception:
-            logger.exception("Run failed in the framework job=%s", name)
+        except Exception as exc:
+            # The class only: an exception's message can quote a value.
+            logger.error("Run failed in the framework job=%s error=%s", name, type(exc).__name__)
             return False
         return True
 
