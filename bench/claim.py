@@ -351,6 +351,8 @@ def _report(runs: dict, args) -> None:
             )
     print()
     for pattern, target in (("per_row", 0.60), ("batch", 0.40)):
+        if pattern not in medians:
+            continue
         limit = medians[pattern].get("pgbench", {}).get("rows_per_s")
         for way in ("direct", "job"):
             figures = medians[pattern].get(way)
@@ -369,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=1, help="pgbench connections (our side: one)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each way, interleaved; the median counts")
     parser.add_argument("--ways", default=",".join(WAYS), help=f"a subset of {','.join(WAYS)}")
+    parser.add_argument("--patterns", default=",".join(PATTERNS), help=f"a subset of {','.join(PATTERNS)}")
     parser.add_argument("--child", choices=WAYS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--pattern", choices=tuple(PATTERNS), help=argparse.SUPPRESS)
     parser.add_argument("--drain", type=int, help=argparse.SUPPRESS)
@@ -386,8 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ways = args.ways.split(",")
     drains = {"per_row": args.per_row_drain, "batch": args.batch_drain}
-    runs: dict[str, dict[str, list[dict]]] = {pattern: {way: [] for way in ways} for pattern in PATTERNS}
-    for pattern in PATTERNS:
+    patterns = args.patterns.split(",")
+    runs: dict[str, dict[str, list[dict]]] = {pattern: {way: [] for way in ways} for pattern in patterns}
+    for pattern in patterns:
         # Interleaved, so that whatever else the machine does weighs on every way alike.
         for repeat in range(1, args.repeat + 1):
             for way in ways:

@@ -13,7 +13,13 @@ from testproject.lab.models import Item
 from testproject.outbox.models import OutboxMail
 from testproject.reminders.models import Reminder
 
-from .factories import OutboxMailFactory, PersonFactory, ReminderFactory
+from .factories import (
+    OutboxMailFactory,
+    PersonFactory,
+    RegistrationFactory,
+    ReminderFactory,
+    ReportRequestFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +45,16 @@ def test_a_new_row_is_due_now_with_no_attempts_version_or_failure():
     assert before <= stored.pop("due") <= timezone.now()
     assert stored == {"attempts": 0, "version": 0, "last_failure": ""}
     assert row.state == "waiting"
+
+
+@pytest.mark.parametrize(
+    "factory", [RegistrationFactory, OutboxMailFactory, ReminderFactory, ReportRequestFactory], ids=lambda f: f.__name__
+)
+def test_every_demo_queue_model_starts_waiting_and_due(factory):
+    row = factory()
+
+    assert (row.state, row.attempts, row.version, row.last_failure) == ("waiting", 0, 0, "")
+    assert list(factory._meta.model.objects.due_now()) == [row]
 
 
 def test_row_state_follows_due_and_attempts():
