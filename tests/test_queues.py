@@ -397,3 +397,42 @@ def test_finish_all_writes_related_objects_and_expressions(job_run):
     other = PersonFactory()
     assert OutboxMail.objects.finish_all(mails, person=other) == []
     assert set(OutboxMail.objects.values_list("person_id", "due", "version")) == {(other.pk, None, 1)}
+
+
+# --- the write guard sees the row transitions ---------------------------------------------------------------
+
+_TRANSITIONS = {
+    "finish": lambda rows: rows[0].finish(sent_at=NOON),
+    "finish_all": lambda rows: Reminder.objects.finish_all(rows, sent_at=NOON),
+    "record_failure": lambda rows: rows[0].record_failure("send"),
+    "requeue": lambda rows: rows[0].requeue(at=NOON),
+    "remove": lambda rows: rows[0].remove(),
+}
+
+
+@pytest.mark.parametrize("transition", list(_TRANSITIONS))
+def test_a_row_transition_outside_ctx_transaction_is_refused_in_a_job_and_writes_nothing(transition):
+    ReminderFactory(due=NOON - MINUTE)
+
+    def careless(ctx):
+        _TRANSITIONS[transition](Reminder.objects.claim())
+
+    with temporary_job(careless):
+        assert run_job("careless", now=NOON).failure == "write_outside_transaction"
+    assert list(Reminder.objects.values_list("attempts", "version", "due", "last_failure", "sent_at")) == [
+        (1, 1, NOON + MINUTE, "", None)  # as the claim left it
+    ]
+
+
+@pytest.mark.parametrize("transition", list(_TRANSITIONS))
+def test_a_row_transition_inside_ctx_transaction_is_written(transition):
+    ReminderFactory(due=NOON - MINUTE)
+
+    def careful(ctx):
+        rows = Reminder.objects.claim()
+        with ctx.transaction():
+            _TRANSITIONS[transition](rows)
+
+    with temporary_job(careful, actions=["reminders.change_reminder", "reminders.delete_reminder"]):
+        assert run_job("careful", now=NOON).ok
+    assert list(Reminder.objects.values_list("version", flat=True)) == ([] if transition == "remove" else [2])
