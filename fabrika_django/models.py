@@ -174,6 +174,15 @@ class Job(models.Model):
         return self.name
 
 
+class Overview(Job):
+    """No table of its own: the entry of the admin's overview of every queue and job in the admin index."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
+
+
 class Lease(models.Model):
     """The lease of a job's active attempt: token, holder and expiry.
 

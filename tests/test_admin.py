@@ -37,7 +37,7 @@ pytestmark = pytest.mark.django_db
 REMINDERS = "/admin/reminders/reminder/"
 JOBS = "/admin/fabrika_django/job/"
 ATTEMPTS = "/admin/fabrika_django/attempt/"
-OVERVIEW = "/admin/fabrika_django/job/overview/"
+OVERVIEW = "/admin/fabrika_django/overview/"
 
 
 def _messages(response):
@@ -605,9 +605,19 @@ def test_overview_shows_each_jobs_health(admin_client):
     assert re.search(r'data-job="mark_overdue">.*?2\xa0hours ago.*?fabrika-badge--dead">3<', html, re.S)
 
 
-def test_overview_is_linked_from_the_admin_and_the_jobs_page(admin_client):
-    assert OVERVIEW in admin_client.get("/admin/fabrika_django/").content.decode()
-    assert OVERVIEW in admin_client.get(JOBS).content.decode()
+def test_overview_is_linked_from_the_admin_index_and_the_jobs_page(admin_client):
+    assert f'<a href="{OVERVIEW}"' in admin_client.get("/admin/").content.decode()
+    assert f'<a href="{OVERVIEW}"' in admin_client.get("/admin/fabrika_django/").content.decode()
+    assert f'<a href="{OVERVIEW}"' in admin_client.get(JOBS).content.decode()
+
+
+def test_overview_is_in_the_admin_index_of_a_staff_user_without_permissions_and_nothing_else_of_fabrika():
+    staff = _staff("plain")
+    html = staff.get("/admin/").content.decode()
+    assert f'<a href="{OVERVIEW}"' in html
+    assert JOBS not in html and ATTEMPTS not in html
+    assert staff.get(OVERVIEW).status_code == 200
+    assert staff.get(JOBS).status_code == 403
 
 
 def test_overview_is_for_staff_only(django_user_model):

@@ -185,8 +185,8 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
         from selenium.webdriver.common.by import By
 
         self._log_in()
-        self._open("/admin/fabrika_django/")
-        self._follow(self.browser.find_element(By.LINK_TEXT, "Overview of queues and jobs"))
+        self._open("/admin/")
+        self._follow(self._css('#content-main .app-fabrika_django a[href="/admin/fabrika_django/overview/"]'))
         self.assertEqual(self._css("#content h1").text, "Background work overview")
         dead = self._css('tr[data-model="reminders.Reminder"] a[data-state="dead"]')
         self.assertEqual(dead.text, "2 dead")

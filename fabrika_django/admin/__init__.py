@@ -1,10 +1,12 @@
 """The admin: ``QueueModelAdmin`` for the application's queue tables; fabrika's own jobs and attempts.
 
 Importing this module (the admin's autodiscovery does) registers the jobs and attempts pages on
-``admin.site``; the overview of every queue and job hangs off the jobs page.
+``admin.site``, and the overview of every queue and job (the admin index's "Overview" under
+"Background jobs"). Every page is staff only, like the rest of the admin.
 """
 
 from ._jobs import AttemptAdmin, JobAdmin
+from ._overview import OverviewAdmin
 from ._queues import QueueModelAdmin, QueueModelAdminMixin, StateListFilter
 
-__all__ = ["AttemptAdmin", "JobAdmin", "QueueModelAdmin", "QueueModelAdminMixin", "StateListFilter"]
+__all__ = ["AttemptAdmin", "JobAdmin", "OverviewAdmin", "QueueModelAdmin", "QueueModelAdminMixin", "StateListFilter"]

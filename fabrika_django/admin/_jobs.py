@@ -245,11 +245,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
 
     def get_urls(self) -> list[Any]:
-        from ._overview import overview_view
-
         site = self.admin_site
         mine = [
-            path("overview/", site.admin_view(overview_view(site)), name="fabrika_django_overview"),
             path("<path:object_id>/run/", site.admin_view(self._run_view), name="fabrika_django_job_run"),
         ]
         return [*mine, *super().get_urls()]

@@ -9,18 +9,19 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.admin import AdminSite
 from django.db import connections, models, router
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
 from ..jobs import registry
-from ..models import Job, Lease, QueueModel
+from ..models import Job, Lease, Overview, QueueModel
 from ..queues import max_attempts_of
 
 #: Done rows are counted up to this many: past it the page says "10000+" instead of reading the whole table.
@@ -191,3 +192,30 @@ def overview_view(site: AdminSite) -> Callable[[HttpRequest], HttpResponse]:
         return TemplateResponse(request, "admin/fabrika_django/overview.html", context)
 
     return overview
+
+
+@admin.register(Overview)
+class OverviewAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """The overview's entry in the admin index: every staff user sees it; nothing is added, changed or deleted."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(overview_view(self.admin_site))
+        return [
+            path("", view, name="fabrika_django_overview"),
+            path("", view, name="fabrika_django_overview_changelist"),  # the name the admin index links by
+        ]
