@@ -117,6 +117,31 @@ def test_fires_missed_while_no_worker_ran_are_made_up_with_one_run():
     assert Job.objects.get(name="minutely").next_fire == datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
 
 
+def test_a_fire_during_the_jobs_run_becomes_one_more_run_after_it():
+    clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+    started = threading.Semaphore(0)
+    release = threading.Event()
+
+    def busy(ctx):
+        mark(ctx, "start")
+        started.release()
+        release.wait(30)
+        mark(ctx, "end")
+
+    with temporary_job(busy, "* * * * *"), fast_poll(), worker_thread(only=["busy"], clock=clock):
+        wait_until(lambda: Job.objects.filter(name="busy", next_fire__isnull=False).exists(), what="init")
+        clock.advance(timedelta(minutes=1))
+        assert started.acquire(timeout=30)
+        clock.advance(timedelta(minutes=1))  # fires while the run is active
+        wait_until(lambda: Job.objects.get(name="busy").pending_since is not None, what="the pending run")
+        release.set()
+        assert started.acquire(timeout=30)
+        wait_until(lambda: Lease.objects.filter(job="busy", token=None).exists(), what="the runs' end")
+    assert list(Mark.objects.values_list("note", flat=True)) == ["start", "end", "start", "end"]
+    assert runs("busy") == [("schedule", "succeeded"), ("kick", "succeeded")]
+    assert Job.objects.get(name="busy").next_fire == datetime(2026, 3, 1, 12, 3, tzinfo=UTC)
+
+
 @pytest.mark.postgresql
 def test_three_workers_under_a_moving_clock_run_each_fire_exactly_once():
     clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
