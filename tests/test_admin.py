@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.admin import site
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
@@ -169,6 +170,17 @@ def test_requeue_action_makes_dead_and_waiting_rows_due_now_and_leaves_done_rows
         assert before <= rows[name].due <= timezone.now()
     rows["done"].refresh_from_db()
     assert (rows["done"].due, rows["done"].version) == (None, 1)
+
+
+def test_requeue_action_writes_each_requeued_row_to_the_admin_history(admin_client, admin_user):
+    rows = _rows()
+    _act(admin_client, "requeue_selected", [rows["dead"], rows["done"]])
+    (entry,) = LogEntry.objects.all()
+    assert (entry.user, entry.object_id, entry.get_change_message()) == (
+        admin_user,
+        str(rows["dead"].pk),
+        "Changed due and attempts.",
+    )
 
 
 def test_requeue_action_reports_a_row_changed_meanwhile_and_leaves_it_as_it_is(admin_client, monkeypatch):
@@ -634,6 +646,27 @@ def test_overview_shows_a_staff_user_links_only_to_lists_they_may_see(viewer):
     assert response.status_code == 200
     assert _queue(response, "reminders.Reminder")["url"] == REMINDERS
     assert _queue(response, "outbox.OutboxMail")["url"] is None
+
+
+def test_overview_links_zero_counts_too(admin_client):
+    html = admin_client.get(OVERVIEW).content.decode()
+    assert f'<a href="{REMINDERS}?state=dead" class="fabrika-zero" data-state="dead">0</a>' in html
+
+
+@pytest.mark.urls("tests.admin_site_urls")
+def test_a_projects_own_admin_site_serves_every_page_in_its_own_namespace(admin_client):
+    dead = _rows()["dead"]
+    overview = admin_client.get("/backoffice/fabrika_django/overview/")
+    assert _queue(overview, "reminders.Reminder")["url"] == "/backoffice/reminders/reminder/"
+    assert 'href="/backoffice/">Home</a>' in overview.content.decode()
+    assert '<a href="/backoffice/fabrika_django/overview/"' in admin_client.get("/backoffice/").content.decode()
+    page = admin_client.get(f"/backoffice/reminders/reminder/{dead.pk}/change/").content.decode()
+    assert f'action="/backoffice/reminders/reminder/{dead.pk}/requeue/"' in page
+    response = admin_client.post(f"/backoffice/reminders/reminder/{dead.pk}/requeue/", {"version": "3"})
+    assert response["Location"] == f"/backoffice/reminders/reminder/{dead.pk}/change/"
+    admin_client.get("/backoffice/fabrika_django/job/")
+    job = admin_client.get("/backoffice/fabrika_django/job/mark_overdue/change/").content.decode()
+    assert 'action="/backoffice/fabrika_django/job/mark_overdue/run/"' in job
 
 
 def test_count_queue_answers_an_aware_oldest_due_on_every_backend():

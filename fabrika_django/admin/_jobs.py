@@ -312,7 +312,6 @@ class AttemptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
     list_filter = (_JobFilter, "outcome", "trigger")
-    date_hierarchy = "started"
     fields = (
         "job",
         "run_id",

@@ -169,7 +169,6 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
                 "last_finished": job.last_finished if job else None,
                 "last_success": job.last_success if job else None,
                 "failures_in_row": failures,
-                "health": "dead" if failures else "done" if job and job.last_success else "waiting",
             }
         )
     return rows
@@ -179,6 +178,7 @@ def overview_view(site: AdminSite) -> Callable[[HttpRequest], HttpResponse]:
     """Return the overview view of ``site`` (wrap it in ``site.admin_view``: staff only, like every admin page)."""
 
     def overview(request: HttpRequest) -> HttpResponse:
+        request.current_app = site.name  # {% url 'admin:...' %} resolves in this site's namespace
         now = timezone.now()
         context = {
             **site.each_context(request),

@@ -31,7 +31,8 @@ STATES = (
     ("done", _("done")),
 )
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
-_FRAMEWORK_FIELDS = ("attempts", "version", "last_failure")
+_READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
+_REQUEUED = [{"changed": {"fields": ["due", "attempts"]}}]  # the admin history's entry of a requeue
 _COLUMNS = ("queue_state", "attempts", "queue_due", "last_failure")
 
 
@@ -130,8 +131,7 @@ class QueueModelAdminMixin(_AdminBase):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = list(super().get_readonly_fields(request, obj))
-        own = ("queue_state", *_FRAMEWORK_FIELDS[:1], "queue_due", *_FRAMEWORK_FIELDS[1:])
-        return [*fields, *(name for name in own if name not in fields)]
+        return [*fields, *(name for name in _READ_ONLY if name not in fields)]
 
     @admin.display(description=_("state"), ordering="due")
     def queue_state(self, row: Any) -> str:
@@ -156,6 +156,7 @@ class QueueModelAdminMixin(_AdminBase):
                 conflicted.append(str(row.pk))
             else:
                 requeued += 1
+                self.log_change(request, row, _REQUEUED)
         self._report(request, requeued, conflicted, skipped)
 
     def _report(self, request: HttpRequest, requeued: int, conflicted: list[str], skipped: int) -> None:
@@ -214,7 +215,7 @@ class QueueModelAdminMixin(_AdminBase):
         except VersionConflict:
             self._report(request, 0, [str(row.pk)], 0)
         else:
-            self.log_change(request, row, [{"changed": {"fields": ["due", "attempts"]}}])
+            self.log_change(request, row, _REQUEUED)
             self._report(request, 1, [], 0)
         return HttpResponseRedirect(page)
 
