@@ -144,6 +144,11 @@ def test_framework_fields_are_shown_read_only_and_a_save_does_not_change_them(ad
     url = reverse("admin:reminders_reminder_change", args=[row.pk])
     response = admin_client.get(url)
     readonly = response.context["adminform"].readonly_fields
+    title, options = response.context["adminform"].fieldsets[0]
+    assert (str(title), options["fields"]) == (
+        "Queue",
+        [("queue_state", "attempts", "queue_due"), ("version", "last_failure")],
+    )
     assert {"queue_state", "attempts", "queue_due", "version", "last_failure"} <= set(readonly)
     data = {"note": "renamed", "email": row.email, "attempts": "0", "version": "0", "last_failure": "", "due": ""}
     assert admin_client.post(url, data).status_code == 302
@@ -296,6 +301,14 @@ def test_requeue_button_leaves_a_done_row_done(admin_client):
     assert (done.due, done.version) == (None, 1)
 
 
+def test_a_new_row_is_added_as_usual_and_starts_due_now(admin_client):
+    assert admin_client.get(f"{REMINDERS}add/").status_code == 200
+    response = admin_client.post(f"{REMINDERS}add/", {"note": "new", "email": "n@example.com"})
+    assert response.status_code == 302
+    row = Reminder.objects.get(note="new")
+    assert (row.attempts, row.version, row.state, row.is_due_now) == (0, 0, "waiting", True)
+
+
 def test_requeue_button_of_an_unknown_row_is_404(admin_client):
     assert admin_client.post(reverse("admin:reminders_reminder_requeue", args=[999999])).status_code == 404
 
@@ -312,9 +325,19 @@ def test_mixin_keeps_a_projects_columns_filters_and_actions_and_adds_its_own(rf,
         def mark_seen(self, request, queryset):
             """Mark as seen"""
 
+    class Declared(Base):
+        fieldsets = [("Reminder", {"fields": [("note", "email")]})]
+
     model_admin = Base(Reminder, site)
     request = rf.get(REMINDERS)
     request.user = admin_user
+    row = ReminderFactory()
+    queue = ("Queue", {"fields": [("queue_state", "attempts", "queue_due"), ("version", "last_failure")]})
+    fieldsets = Declared(Reminder, site).get_fieldsets(request, row)
+    assert [(str(title), options) for title, options in fieldsets] == [
+        queue,
+        ("Reminder", {"fields": [("note", "email")]}),
+    ]
     assert model_admin.get_list_display(request) == ["note", "queue_state", "attempts", "queue_due", "last_failure"]
     assert model_admin.get_list_filter(request) == [StateListFilter, "sent_at"]
     assert {"mark_seen", "requeue_selected", "delete_selected"} <= set(model_admin.get_actions(request))
@@ -346,7 +369,9 @@ def test_jobs_page_shows_the_schedule_as_cron_and_in_words_and_the_next_fire_in_
     assert "<code>15 * * * *</code>" in row
     assert "hourly at minute 15" in row
     # Europe/Berlin is the test project's time zone: 01:15 CET is 00:15 UTC.
-    assert re.search(r"Jan\. 1, 2030, 1:15 a\.m\. CET <span class=\"fabrika-quiet\">\(2030-01-01 00:15 UTC\)", row)
+    assert re.search(
+        r"Jan\. 1, 2030, 1:15 a\.m\. CET</span> <span class=\"fabrika-quiet\">\(2030-01-01 00:15 UTC\)", row
+    )
 
 
 def test_job_is_shown_active_while_its_lease_is_held_and_pending_once_kicked(admin_client):

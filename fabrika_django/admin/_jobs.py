@@ -89,7 +89,10 @@ def _when(value: datetime | None) -> str:
         return "—"
     local = date_format(timezone.localtime(value), "DATETIME_FORMAT")
     utc = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return format_html('{} {} <span class="fabrika-quiet">({})</span>', local, timezone.localtime(value).tzname(), utc)
+    zone = timezone.localtime(value).tzname()
+    return format_html(
+        '<span class="fabrika-nowrap">{} {}</span> <span class="fabrika-quiet">({})</span>', local, zone, utc
+    )
 
 
 @admin.register(Job)

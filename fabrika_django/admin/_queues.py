@@ -58,6 +58,11 @@ def _row_state(row: Any, now: datetime) -> str:
     return state
 
 
+def _flat(lines: Any) -> list[str]:
+    """Return the field names of a fieldset's ``fields`` (a line may be a tuple of names)."""
+    return [name for line in lines for name in (line if isinstance(line, (list, tuple)) else (line,))]
+
+
 def _badge(state: str, label: Any) -> str:
     return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
 
@@ -132,6 +137,20 @@ class QueueModelAdminMixin(_AdminBase):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = list(super().get_readonly_fields(request, obj))
         return [*fields, *(name for name in _READ_ONLY if name not in fields)]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is None:
+            return fieldsets
+        placed = {name for _title, options in fieldsets for name in _flat(options.get("fields", ()))}
+        if self.fieldsets is not None and not placed.isdisjoint(_READ_ONLY):
+            return fieldsets  # the admin placed them itself
+        # The queue's own fields first, on a row of their own: what a person opens a stuck row for.
+        rest = [
+            (title, dict(options, fields=[line for line in options.get("fields", ()) if line not in _READ_ONLY]))
+            for title, options in fieldsets
+        ]
+        return [(_("Queue"), {"fields": [_READ_ONLY[:3], _READ_ONLY[3:]]}), *rest]
 
     @admin.display(description=_("state"), ordering="due")
     def queue_state(self, row: Any) -> str:
