@@ -260,12 +260,16 @@ class Worker:
         this, the job would wait for the lease to expire.
         """
         from ._running import framework_write
-        from .models import Lease
+        from .models import Attempt, Lease, Outcome
 
         for name, holder in list(self._orphans.items()):
+            held = Lease.objects.filter(job=name, holder=holder, token__isnull=False)
+            run_ids = [run for run in held.values_list("run_id", flat=True) if run is not None]
             with framework_write():
-                freed = Lease.objects.filter(job=name, holder=holder, token__isnull=False).update(
-                    token=None, holder="", run_id=None, expires=None, attempt=0
+                freed = held.update(token=None, holder="", run_id=None, expires=None, attempt=0)
+                # Its attempt never got to record how it ended.
+                Attempt.objects.filter(job=name, run_id__in=run_ids, outcome=Outcome.RUNNING).update(
+                    outcome=Outcome.CRASHED, finished=Now()
                 )
             if freed:
                 logger.info("Released the lease of a run cut off by the database job=%s", name)
