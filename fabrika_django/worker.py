@@ -20,9 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +36,7 @@ from django.utils import timezone
 from . import runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
+from ._process import configure_logging, stop_signals
 from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
@@ -47,7 +46,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = 4
 #: Seconds a stopping worker waits for its runs to end (their attempts are aborted at once).
 DEFAULT_GRACE = 10.0
-_LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
 
 class Worker:
@@ -98,8 +96,7 @@ class Worker:
 
     def run(self) -> None:
         """Serve until stop() or SIGTERM/SIGINT; return once running attempts ended and leases are free."""
-        self._configure_logging()
-        previous = self._install_signal_handlers()
+        configure_logging(self.verbosity)
         alias = listen_alias(settings.LISTEN_DATABASE)
         listener = None
         if alias is not None:
@@ -116,18 +113,19 @@ class Worker:
             self.concurrency,
             "listen" if listener else f"poll:{settings.POLL_INTERVAL}s",
         )
-        for index in range(self.concurrency):
-            thread = threading.Thread(target=self._serve, args=(index,), name=f"fabrika-run-{index}", daemon=True)
-            thread.start()
-            self._runners.append(thread)
-        if listener is not None:
-            listener.start()
-        try:
-            self._loop()
-        finally:
-            self._shutdown(listener)
-            self._restore_signal_handlers(previous)
-            logger.info("Worker stopped")
+        # Stop signals are ours until the runs ended: a second SIGTERM during the grace changes nothing.
+        with stop_signals(self.stop, install=self.install_signals):
+            for index in range(self.concurrency):
+                thread = threading.Thread(target=self._serve, args=(index,), name=f"fabrika-run-{index}", daemon=True)
+                thread.start()
+                self._runners.append(thread)
+            if listener is not None:
+                listener.start()
+            try:
+                self._loop()
+            finally:
+                self._shutdown(listener)
+                logger.info("Worker stopped")
 
     def stop(self) -> None:
         """Ask the worker to stop: no new runs, running attempts aborted (safe from any thread or a signal)."""
@@ -373,36 +371,6 @@ class Worker:
             logger.warning("Released leases of runs that outlived the grace jobs=%s", ",".join(names) or "-")
         except DatabaseError as exc:
             logger.warning("Could not release leases error=%s: they expire on their own", type(exc).__name__)
-
-    # -- process -----------------------------------------------------------------------------------
-
-    def _configure_logging(self) -> None:
-        if self.verbosity is None:
-            return
-        package = logging.getLogger("fabrika_django")
-        package.setLevel(_LEVELS.get(self.verbosity, logging.DEBUG))
-        if not package.hasHandlers():
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-            package.addHandler(handler)
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if not self.install_signals or threading.current_thread() is not threading.main_thread():
-            return {}
-        previous: dict[int, Any] = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if not self._stop.is_set():
-            logger.info("Worker stopping signal=%s", signal.Signals(signum).name)
-        self.stop()
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 _TICK = timedelta(microseconds=1)

@@ -18,6 +18,7 @@ from django.test import override_settings
 
 from fabrika_django import kick, runner
 from fabrika_django._listen import listen_alias
+from fabrika_django._process import configure_logging
 from fabrika_django.models import Attempt, Job, Lease
 from fabrika_django.testing import FixedClock, run_job
 from fabrika_django.worker import Worker
@@ -227,7 +228,7 @@ def test_verbosity_sets_the_level_of_fabrika_logs():
     try:
         levels = []
         for verbosity in (0, 1, 2, 3):
-            Worker(verbosity=verbosity, only=[])._configure_logging()
+            configure_logging(verbosity)
             levels.append(package.level)
     finally:
         package.setLevel(before)
