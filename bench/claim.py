@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -165,6 +164,16 @@ def _child_psycopg(pattern: str, drain: int, url: str) -> dict:
     return {"rows": done, "elapsed": time.perf_counter() - started, "batches": batches, "finishes": finishes}
 
 
+def _peak_rss_kb(pid: int | str) -> int:
+    """Return a process's peak RSS since its exec (VmHWM; getrusage would count the forked parent's pages)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # the process just ended
+        return 0
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
 def _child(args) -> None:
     if args.child == "psycopg":
         answer = _child_psycopg(args.pattern, args.drain, args.database_url)
@@ -172,7 +181,7 @@ def _child(args) -> None:
         _setup_django(args.database_url)
         measure = _child_direct if args.child == "direct" else _child_job
         answer = measure(args.pattern, args.drain)
-    answer["peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    answer["peak_rss_kb"] = _peak_rss_kb("self")
     json.dump(answer, sys.stdout)
 
 
@@ -277,11 +286,12 @@ def _pgbench(url: str, pattern: str, drain: int, clients: int) -> dict:
         argv += ["-t", str(batches // clients), "-l", "--log-prefix", prefix, "-d", _psql_url(url)]
         out_path, err_path = Path(scratch, "out"), Path(scratch, "err")
         t0 = time.perf_counter()
+        peak_kb = 0
         with out_path.open("w") as out, err_path.open("w") as err:
             process = subprocess.Popen(argv, stdout=out, stderr=err)
-            # wait4, not communicate(): it answers this child's own peak RSS.
-            _pid, status, rusage = os.wait4(process.pid, 0)
-            process.returncode = os.waitstatus_to_exitcode(status)
+            while process.poll() is None:
+                peak_kb = max(peak_kb, _peak_rss_kb(process.pid))
+                time.sleep(0.05)
         elapsed = time.perf_counter() - t0
         out = out_path.read_text()
         if process.returncode:
@@ -295,7 +305,7 @@ def _pgbench(url: str, pattern: str, drain: int, clients: int) -> dict:
         "rows_per_s": tps * PATTERNS[pattern],
         "elapsed": elapsed,
         "batches": latencies,
-        "peak_rss_kb": rusage.ru_maxrss,
+        "peak_rss_kb": peak_kb,
     }
 
 
