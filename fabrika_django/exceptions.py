@@ -81,3 +81,15 @@ class EmailDeliveryError(FabrikaError):
         super().__init__(message)
         self.code = code
         self.outcome = outcome
+
+
+class TokenInvalid(FabrikaError, ValueError):
+    """A signed token was tampered with, signed for another purpose, or is not a token at all."""
+
+    code = "token_invalid"
+
+
+class TokenExpired(TokenInvalid):
+    """A signed token was genuine but its ``days`` have passed."""
+
+    code = "token_expired"
