@@ -67,15 +67,22 @@ class QueueModel(models.Model):
         """
         self._write_versioned({"due": at if at is not None else _now(), "attempts": 0})
 
-    def record_failure(self, code: str) -> None:
-        """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message."""
+    def record_failure(self, code: str, *, give_up: bool = False) -> None:
+        """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message.
+
+        ``give_up=True`` also makes the row dead at once (its attempts reach ``max_attempts``): for a failure no
+        retry can fix, such as a refused message; a person requeues it from the admin.
+        """
         if not isinstance(code, str) or not FAILURE_CODE.fullmatch(code):
             # The value is not quoted back: a wrong code is often an error's message, which can quote a user's data.
             raise ValueError(
                 "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
                 "naming the step (e.g. 'send'), never an error message."
             )
-        self._write_versioned({"last_failure": code})
+        values: dict[str, Any] = {"last_failure": code}
+        if give_up:
+            values["attempts"] = max(self.attempts, max_attempts_of(type(self)))
+        self._write_versioned(values)
 
     def remove(self) -> None:
         """Delete the row, if it is unchanged since it was read."""

@@ -205,6 +205,18 @@ def test_record_failure_accepts_a_code_of_sixty_four_characters():
     assert _stored(row)["last_failure"] == "x" * 64
 
 
+def test_record_failure_giving_up_makes_the_row_dead_at_once_and_requeue_brings_it_back():
+    row = ReminderFactory(due=NOON, attempts=1, version=1)
+
+    row.record_failure("send.refused", give_up=True)
+
+    assert _stored(row) == {"attempts": 3, "due": NOON, "version": 2, "last_failure": "send.refused"}
+    assert row.state == "dead"
+    assert type(row).objects.dead().get() == row
+    row.requeue(at=NOON)
+    assert _stored(row)["attempts"] == 0 and row.state == "waiting"
+
+
 @pytest.mark.parametrize(
     "code",
     ["", "x" * 65, "Send", "send failed", "smtp: 550 bob@example.com", "send\n", "sénd", None, 42],
