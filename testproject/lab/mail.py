@@ -1,0 +1,30 @@
+"""Mail transports for the tests: a deduplicating SMTP transport and factories for ``OWN_MAIL_SENDER``."""
+
+from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
+from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
+
+
+class DeduplicatingSMTPBackend(SMTPBackend):
+    """SMTP to a relay that drops a second message with the same Message-ID, as a provider's idempotency key does."""
+
+    fabrika_provider = "dedup-relay"
+    fabrika_deduplicates = True
+
+
+class SmallLocmemBackend(LocmemBackend):
+    """A transport that takes at most 1 KiB of attachments."""
+
+    fabrika_provider = "small"
+    fabrika_max_attachment_bytes = 1024
+
+
+def own_sender():
+    """The application's own sender: here, the test's in-memory outbox."""
+    backend = LocmemBackend()
+    backend.fabrika_provider = "own-locmem"
+    return backend
+
+
+def no_sender():
+    """An application that configured no sender of its own."""
+    return None

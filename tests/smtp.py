@@ -1,0 +1,90 @@
+"""A real SMTP server on loopback (aiosmtpd) that keeps what it received, for the mail tests.
+
+``SMTPServer(dedup=True)`` drops a second message with a Message-ID it already holds, the way a provider that
+deduplicates does; ``hang_up_after_data`` receives a message and closes the connection before answering, so the
+client cannot know it left; ``refuse_recipients`` answers 550 to every RCPT.
+"""
+
+import email
+import email.policy
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from aiosmtpd.controller import Controller
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Received:
+    envelope_from: str
+    envelope_to: list[str]
+    raw: bytes
+
+    @property
+    def message(self) -> email.message.EmailMessage:
+        return email.message_from_bytes(self.raw, policy=email.policy.default)  # type: ignore[return-value]
+
+
+@dataclass
+class _Handler:
+    dedup: bool = False
+    hang_up_after_data: bool = False
+    refuse_recipients: bool = False
+    received: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if self.refuse_recipients:
+            return "550 5.1.1 No such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        raw = envelope.original_content or envelope.content
+        message = email.message_from_bytes(raw, policy=email.policy.default)
+        with self.lock:
+            duplicate = self.dedup and any(r.message["Message-ID"] == message["Message-ID"] for r in self.received)
+            if not duplicate:
+                self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), raw))
+        if self.hang_up_after_data:
+            # The message is kept, but the client never hears "250": it cannot know the message left.
+            server.transport.close()
+        return "250 2.0.0 Message accepted"
+
+
+class SMTPServer:
+    """Start with ``with SMTPServer() as smtp:``; ``smtp.settings`` are the EMAIL_* settings that reach it."""
+
+    def __init__(self, *, dedup: bool = False, hang_up_after_data: bool = False, refuse_recipients: bool = False):
+        self.handler = _Handler(dedup=dedup, hang_up_after_data=hang_up_after_data, refuse_recipients=refuse_recipients)
+        self.port = _free_port()
+        self._controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
+
+    def __enter__(self) -> "SMTPServer":
+        self._controller.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._controller.stop()
+
+    @property
+    def received(self) -> list[Received]:
+        with self.handler.lock:
+            return list(self.handler.received)
+
+    @property
+    def settings(self) -> dict:
+        return {
+            "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "EMAIL_HOST": "127.0.0.1",
+            "EMAIL_PORT": self.port,
+            "EMAIL_USE_TLS": False,
+            "EMAIL_HOST_USER": "",
+            "EMAIL_HOST_PASSWORD": "",
+        }
