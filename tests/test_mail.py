@@ -9,9 +9,8 @@ from django.core import mail as django_mail
 from django.core.files.base import ContentFile
 from django.test import override_settings
 
-from fabrika_django import CapabilityRefused, EmailDeliveryError
+from fabrika_django import CapabilityRefused, EmailDeliveryError, runner
 from fabrika_django import mail as fabrika_mail
-from fabrika_django import runner
 from fabrika_django.context import AbortSignal
 from fabrika_django.mail import Mailer, SendResult
 from fabrika_django.models import SentMail
@@ -364,6 +363,8 @@ def test_an_unreachable_transport_sends_nothing_and_may_retry():
         ({"from_name": "Evil\r\nBcc: x@y.z"}, "from_name holds a line break"),
         ({"text": None}, "text must be a string"),
         ({"unsubscribe_url": "/relative/"}, "unsubscribe_url is not an absolute http(s) URL"),
+        ({"unsubscribe_url": "mailto:x@example.org"}, "unsubscribe_url is not an absolute http(s) URL"),
+        ({"unsubscribe_url": "https://a.example/?t=x>, <https://evil.example/"}, "unsubscribe_url is not"),
         ({"timeout": 0}, "timeout=0 is not a deadline"),
         ({"attachments": ["report.pdf"]}, "attachment 1 is not a file of a FileField"),
     ],
@@ -475,7 +476,8 @@ def test_the_test_kits_locmem_mode_sends_into_djangos_outbox():
     with _sending_job([_message()], []):
         assert run_job("mail_sender").ok
     [sent] = django_mail.outbox
-    assert sent.to == ["ada@example.org"] and sent.extra_headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert sent.to == ["ada@example.org"]
+    assert sent.extra_headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
 
 
 def test_may_retry_answers_false_for_anything_but_a_delivery_error():
