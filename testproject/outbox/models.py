@@ -37,6 +37,8 @@ class OutboxMail(QueueModel):
     text = models.TextField()
     html = models.TextField(blank=True)
     attachment = models.FileField(upload_to="outbox/", blank=True)
+    # The person's signed one-click unsubscribe link (RFC 8058), issued by the job that wrote the mail.
+    unsubscribe_url = models.URLField(max_length=2000, blank=True)
     message_id = models.CharField(max_length=255, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 

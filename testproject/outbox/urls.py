@@ -1,2 +1,10 @@
+from django.urls import path
+
+from . import views
+
 app_name = "outbox"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.register, name="register"),
+    path("thanks/", views.thanks, name="thanks"),
+    path("unsubscribe/", views.unsubscribe, name="unsubscribe"),
+]

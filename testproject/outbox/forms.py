@@ -1,0 +1,9 @@
+from django import forms
+
+from .models import Registration
+
+
+class RegistrationForm(forms.ModelForm):
+    class Meta:
+        model = Registration
+        fields = ("name", "email")
