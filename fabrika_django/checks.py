@@ -9,7 +9,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E001 bad schedule, E002 bad timeout, E003 bad retries
 - E010 duplicate job name, E011 kick of an unknown job, E012 kick cycle
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
-- E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``
+- E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
+  E034 ``OWN_MAIL_SENDER`` that does not import to a callable
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 """
@@ -24,6 +25,7 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.conf import settings as django_settings
 from django.core import checks
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS
 from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
@@ -315,4 +317,24 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
                 id="fabrika.E033",
             )
         )
+    errors.extend(_check_own_mail_sender(configured.get("OWN_MAIL_SENDER")))
     return errors
+
+
+def _check_own_mail_sender(path: object) -> list[checks.CheckMessage]:
+    """A factory that does not import would fail only when a mailer="own" job first sends: say so at check time."""
+    if not isinstance(path, str) or not path:
+        return []
+    try:
+        factory = import_string(path)
+    except ImportError:
+        factory = None
+    if callable(factory):
+        return []
+    return [
+        checks.Error(
+            f"Setting FABRIKA['OWN_MAIL_SENDER'] is {path!r}, which does not import to a callable.",
+            hint="Name a function that returns a Django e-mail backend (or None), e.g. 'myapp.mail.sender'.",
+            id="fabrika.E034",
+        )
+    ]

@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+import pytest
 from django.core import checks
 from django.core.management import call_command
 from django.db import models
@@ -323,3 +324,20 @@ def test_an_unknown_queue_option_is_an_error_with_a_suggestion():
             id="fabrika.E022",
         ),
     ]
+
+
+@pytest.mark.parametrize("path", ["testproject.lab.mail.nowhere", "no.such.module.factory", "testproject.lab.mail.MAX"])
+def test_an_own_mail_sender_that_does_not_import_to_a_callable_is_an_error(settings, path):
+    settings.FABRIKA = {"OWN_MAIL_SENDER": path}
+    assert _check_settings() == [
+        checks.Error(
+            f"Setting FABRIKA['OWN_MAIL_SENDER'] is {path!r}, which does not import to a callable.",
+            hint="Name a function that returns a Django e-mail backend (or None), e.g. 'myapp.mail.sender'.",
+            id="fabrika.E034",
+        )
+    ]
+
+
+def test_an_own_mail_sender_factory_that_imports_passes(settings):
+    settings.FABRIKA = {"OWN_MAIL_SENDER": "testproject.lab.mail.own_sender"}
+    assert _check_settings() == []
