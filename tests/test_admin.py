@@ -737,3 +737,15 @@ def test_demo_data_makes_the_admin_user_and_rows_in_every_state_once():
         assert model.objects.done().exists(), model
     for model in (Reminder, Registration, OutboxMail):
         assert model.objects.due_now(now).exists(), model
+
+
+def test_the_sent_mail_ledger_is_listed_read_only_by_state_with_hashes_only(admin_client):
+    from fabrika_django.models import SentMail
+
+    SentMail.objects.create(key_hash="a" * 64, content_hash="b" * 64, state="unknown", provider="smtp")
+    url = reverse("admin:fabrika_django_sentmail_changelist")
+    html = admin_client.get(url, {"state": "unknown"}).content.decode()
+    assert "aaaaaaaaaaaa" in html and "unknown" in html
+    page = admin_client.get(reverse("admin:fabrika_django_sentmail_change", args=["a" * 64]))
+    assert page.status_code == 200 and 'name="state"' not in page.content.decode()
+    assert admin_client.get(reverse("admin:fabrika_django_sentmail_add")).status_code == 403
