@@ -84,7 +84,10 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 MEDIA_URL = "media/"
 MEDIA_ROOT = env("MEDIA_ROOT", default=str(BASE_DIR / "var" / "media"))
 
-vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+_email = env.email_url("EMAIL_URL", default="consolemail://")
+# EMAIL_BACKEND names a backend of one's own (a provider's, one that deduplicates) over EMAIL_URL's host and port.
+_email["EMAIL_BACKEND"] = env("EMAIL_BACKEND", default=_email["EMAIL_BACKEND"])
+vars().update(_email)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="Fabrika demo <demo@localhost>")
 
 FABRIKA = {

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.db.models import F
 
-from fabrika_django import cron
+from fabrika_django import EmailDeliveryError, cron
 
 from .models import Item, Mark
 
@@ -72,3 +72,14 @@ def lab_stamp(ctx):
     started = time.time()
     with ctx.transaction():
         Mark.objects.create(job=ctx.job.name, note=f"{started:.6f}", pid=os.getpid(), attempt=ctx.attempt)
+
+
+@cron(None, mailer="installation", timeout=timedelta(seconds=30))
+def lab_mail(ctx):
+    """Sends one fixed message under the key ``lab-mail-1``; marks "accepted" or the refusal's code and outcome."""
+    try:
+        ctx.mail.send(to="lab@example.org", subject="Lab", text="Lab message.", idempotency_key="lab-mail-1")
+    except EmailDeliveryError as error:
+        _mark(ctx, f"{error.code}:{error.outcome}:{ctx.mail.may_retry(error)}")
+    else:
+        _mark(ctx, "accepted")

@@ -1,5 +1,8 @@
 """Mail transports for the tests: a deduplicating SMTP transport and factories for ``OWN_MAIL_SENDER``."""
 
+import os
+import signal
+
 from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 
@@ -28,3 +31,17 @@ def own_sender():
 def no_sender():
     """An application that configured no sender of its own."""
     return None
+
+
+class DiesAfterAcceptanceSMTPBackend(SMTPBackend):
+    """SMTP whose process is killed (SIGKILL) the moment the server accepted: before the ledger can record it."""
+
+    def send_messages(self, email_messages):
+        sent = super().send_messages(email_messages)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return sent
+
+
+class DedupDiesAfterAcceptanceSMTPBackend(DiesAfterAcceptanceSMTPBackend):
+    fabrika_provider = "dedup-relay"
+    fabrika_deduplicates = True
