@@ -118,7 +118,7 @@ def _child(mode: str, kicks: int, idle: float) -> int:
                 Mark.objects.create(job="bench", note=str(number))
                 # Hooks run in the order they were added: this one notes the moment the commit returned,
                 # just before the kick's own statement.
-                transaction.on_commit(lambda: committed.append(time.time()))
+                transaction.on_commit(lambda noted=committed: noted.append(time.time()))
                 kick("lab_stamp")
             stamp = _wait_for_stamp(Mark, last, worker)
             _wait_idle(Lease)
