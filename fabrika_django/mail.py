@@ -217,6 +217,12 @@ class Mailer:
             backend.open()
         except Exception as error:
             ledger.release()
+            if isinstance(error, smtplib.SMTPAuthenticationError):
+                # Configuration, not weather: retrying gives the same answer until someone fixes the credentials.
+                raise EmailDeliveryError(
+                    "The mail server refused the credentials; nothing was sent: fix EMAIL_HOST_USER/PASSWORD.",
+                    code="transport_refused",
+                ) from None
             raise EmailDeliveryError(
                 "The mail transport could not be reached; nothing was sent: a later attempt sends it.",
                 code="transport_unavailable",
@@ -253,7 +259,6 @@ def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
     refusals: list[tuple[type[Exception], str, str]] = [
         (smtplib.SMTPRecipientsRefused, "recipient_refused", "The server refused every recipient"),
         (smtplib.SMTPSenderRefused, "sender_refused", "The server refused the sending address"),
-        (smtplib.SMTPAuthenticationError, "transport_refused", "The server refused the credentials"),
     ]
     for kind, code, text in refusals:
         if isinstance(error, kind):

@@ -58,13 +58,27 @@ class _Handler:
         return "250 2.0.0 Message accepted"
 
 
+def _refuse_everyone(server, session, envelope, mechanism, auth_data):
+    from aiosmtpd.smtp import AuthResult
+
+    return AuthResult(success=False, handled=False)
+
+
 class SMTPServer:
     """Start with ``with SMTPServer() as smtp:``; ``smtp.settings`` are the EMAIL_* settings that reach it."""
 
-    def __init__(self, *, dedup: bool = False, hang_up_after_data: bool = False, refuse_recipients: bool = False):
+    def __init__(
+        self,
+        *,
+        dedup: bool = False,
+        hang_up_after_data: bool = False,
+        refuse_recipients: bool = False,
+        refuse_login: bool = False,
+    ):
         self.handler = _Handler(dedup=dedup, hang_up_after_data=hang_up_after_data, refuse_recipients=refuse_recipients)
         self.port = _free_port()
-        self._controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
+        auth = {"authenticator": _refuse_everyone, "auth_require_tls": False} if refuse_login else {}
+        self._controller = Controller(self.handler, hostname="127.0.0.1", port=self.port, **auth)
 
     def __enter__(self) -> "SMTPServer":
         self._controller.start()

@@ -340,6 +340,19 @@ def test_refused_recipients_are_not_sent_may_not_retry_and_free_the_key():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_refused_credentials_are_a_configuration_refusal_that_may_not_retry():
+    answers = []
+    with SMTPServer(refuse_login=True) as smtp:
+        credentials = dict(smtp.settings, EMAIL_HOST_USER="app", EMAIL_HOST_PASSWORD="wrong")
+        with override_settings(**credentials), _sending_job([_message()], answers) as job:
+            assert _run(job.name).ok
+        assert smtp.received == []
+    error, may_retry = answers
+    assert (error.code, error.outcome, may_retry) == ("transport_refused", "not_sent", False)
+    assert not SentMail.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_unreachable_transport_sends_nothing_and_may_retry():
     closed = SMTPServer()  # never started: its port answers nothing
     answers = []
