@@ -156,6 +156,12 @@ class JobContext:
 
         kick(name)
 
+    def _close(self) -> None:
+        """Release what the attempt opened (the mail transport's connection)."""
+        mailer = self.__dict__.get("mail")
+        if mailer is not None:
+            mailer.close()
+
     @cached_property
     def mail(self) -> Any:
         """The job's mailer (jobs that declare ``mailer``)."""

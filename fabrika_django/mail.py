@@ -209,12 +209,24 @@ class Mailer:
         remaining = self._signal.remaining()
         return min(timeout, remaining) if timeout is not None else remaining
 
+    def close(self) -> None:
+        """Close the transport's connection; the runner calls it when the attempt ends."""
+        backend = self.__dict__.get("_backend")
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # noqa: S110 - a failed QUIT after the last answer changes nothing
+                pass
+
     def _deliver(self, backend: Any, message: EmailMultiAlternatives, seconds: float, ledger: _Ledger) -> None:
-        """Send ``message``; a failure before it could leave frees the ledger's key, any other is unknown."""
-        if hasattr(backend, "timeout"):
-            backend.timeout = seconds
+        """Send ``message``; a failure before it could leave frees the ledger's key, any other is unknown.
+
+        The connection stays open for the attempt's next message (a batch pays one TLS and login, not one a
+        message); it is probed before each reuse, so a connection the server dropped while idle is opened
+        again rather than failing a message that never left.
+        """
         try:
-            backend.open()
+            _connect(backend, seconds)
         except Exception as error:
             ledger.release()
             if isinstance(error, smtplib.SMTPAuthenticationError):
@@ -230,17 +242,32 @@ class Mailer:
         try:
             sent = backend.send_messages([message])
         except Exception as error:
+            self.close()  # the session's state is unknown: the next message starts a new one
             _raise_for_send_failure(error, ledger)
-        finally:
-            try:
-                backend.close()
-            except Exception:  # noqa: S110 - a failed QUIT after the answer changes nothing
-                pass
         if not sent:
             ledger.release()
             raise EmailDeliveryError(
                 "The mail transport refused the message; nothing was sent.", code="transport_refused"
             )
+
+
+def _connect(backend: Any, seconds: float) -> None:
+    """Open the backend's connection, or make sure the open one still answers; bound its socket by ``seconds``."""
+    if hasattr(backend, "timeout"):
+        backend.timeout = seconds
+    session = getattr(backend, "connection", None)
+    if isinstance(session, smtplib.SMTP) and session.sock is not None:
+        try:
+            session.sock.settimeout(seconds)
+            if session.noop()[0] == 250:
+                return
+        except (smtplib.SMTPException, OSError):
+            pass
+        try:
+            backend.close()
+        except Exception:  # noqa: S110 - the connection is already gone
+            pass
+    backend.open()
 
 
 def mailer_for(ctx: JobContext) -> Mailer:

@@ -350,6 +350,8 @@ def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], 
         raise
     except BaseException as exc:  # noqa: B036  every outcome is recorded, SystemExit included
         box.exception = exc
+    finally:
+        ctx._close()
 
 
 def _keep_test_transaction_usable() -> None:

@@ -38,6 +38,13 @@ class _Handler:
     refuse_recipients: bool = False
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: SMTP sessions opened (one EHLO each).
+    sessions: int = 0
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):
+        session.host_name = hostname
+        self.sessions += 1
+        return responses
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if self.refuse_recipients:

@@ -1,6 +1,7 @@
 """ctx.mail through a real SMTP server on loopback: headers, parts, attachments, the idempotency ledger, refusals."""
 
 import hashlib
+import socket
 import threading
 import time
 
@@ -119,6 +120,25 @@ def test_without_an_unsubscribe_url_there_is_no_list_unsubscribe_header_and_no_f
     message = smtp.received[0].message
     assert message["List-Unsubscribe"] is None and message["List-Unsubscribe-Post"] is None
     assert message.get_content_type() == "text/plain"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_sends_its_batch_over_one_connection_and_reopens_one_the_server_dropped():
+    answers = []
+
+    def batch(ctx):
+        for number in range(3):
+            answers.append(ctx.mail.send(**_message(idempotency_key=f"batch-{number}")))
+        # The server drops the idle connection: the next message opens a new one instead of failing.
+        ctx.mail._backend.connection.sock.shutdown(socket.SHUT_RDWR)
+        answers.append(ctx.mail.send(**_message(idempotency_key="after-drop")))
+
+    with SMTPServer() as smtp, override_settings(**smtp.settings), temporary_job(batch, mailer="installation"):
+        assert _run("batch").ok
+        assert smtp.handler.sessions == 2
+        assert len(smtp.received) == 4
+    assert [answer.status for answer in answers] == ["accepted"] * 4
+    assert SentMail.objects.filter(state="accepted").count() == 4
 
 
 # --- the idempotency ledger ------------------------------------------------------------------------------------
