@@ -86,6 +86,8 @@ class _Lease:
     attempt: int
     holder: str
     valid_until: float
+    #: The Attempt row the start already inserted for the first attempt (PostgreSQL's one-statement start).
+    first_record: int | None = None
 
 
 @dataclass
@@ -191,6 +193,11 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
     token, run_id, attempt = uuid.uuid4(), uuid.uuid4(), 1
     started = time.monotonic()
     lease_seconds = _lease_seconds(job.timeout.total_seconds())
+    with framework_write():
+        record = _take_free_lease(job.name, trigger, holder, token, run_id, lease_seconds)
+    if record is not None:
+        valid_until = _valid_until(started, lease_seconds)
+        return _Lease(job.name, token, run_id, trigger, attempt, holder, valid_until, first_record=record)
     with framework_write(), transaction.atomic():
         _lock_job(job.name)
         row = Lease.objects.filter(job=job.name).values("token", "run_id", "attempt").first()
@@ -226,6 +233,41 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
     return _Lease(job.name, token, run_id, trigger, attempt, holder, _valid_until(started, lease_seconds))
 
 
+def _take_free_lease(
+    name: str, trigger: str, holder: str, token: uuid.UUID, run_id: uuid.UUID, seconds: float
+) -> int | None:
+    """PostgreSQL: start a run on a free lease in one statement, its first Attempt row included; return its id.
+
+    It does what the general path below does when the lease is free, in the same order of locks (the Job row,
+    then the Lease row), so the two never deadlock: a kick's run starts one commit after the worker heard it,
+    not three. Anything else (a held or expired lease, a resumed run, rows not made yet) answers None, and the
+    general path decides under the Job row's lock.
+    """
+    from .models import Attempt, Job, Lease, Outcome
+
+    connection = default_connection
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return None
+    quote = connection.ops.quote_name
+    job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
+    attempt_table = quote(Attempt._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH locked AS (SELECT name FROM {job_table} WHERE name = %s FOR UPDATE), "  # noqa: S608  quoted names
+            f"taken AS (UPDATE {lease_table} AS lease SET token = %s, holder = %s, run_id = %s, attempt = 1, "
+            "expires = statement_timestamp() + %s * interval '1 second' "
+            "FROM locked WHERE lease.job = locked.name AND lease.token IS NULL RETURNING lease.job), "
+            f"started AS (UPDATE {job_table} SET pending_since = NULL, last_run_id = %s, last_trigger = %s, "
+            "last_started = statement_timestamp() WHERE name IN (SELECT job FROM taken) RETURNING name) "
+            f"INSERT INTO {attempt_table} (job, run_id, trigger, number, holder, started, outcome, error_class, "
+            "frames, message) SELECT name, %s, %s, 1, %s, statement_timestamp(), %s, '', '', '' FROM started "
+            "RETURNING id",
+            [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, Outcome.RUNNING.value],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
 def _default_pause(failed_attempt: int) -> float:
     return retry_pause(failed_attempt).total_seconds()
 
@@ -257,10 +299,22 @@ def _run_attempts(
     number = lease.attempt
     last = 1 + job.retries
     while True:
-        with framework_write():
-            record = Attempt.objects.create(
-                job=job.name, run_id=lease.run_id, trigger=lease.trigger, number=number, holder=lease.holder
+        if lease.first_record is not None and number == lease.attempt:
+            # Inserted with the start, in the same statement.
+            record = Attempt(
+                pk=lease.first_record,
+                job=job.name,
+                run_id=lease.run_id,
+                trigger=lease.trigger,
+                number=number,
+                holder=lease.holder,
             )
+        else:
+            with framework_write():
+                record = Attempt.objects.create(
+                    job=job.name, run_id=lease.run_id, trigger=lease.trigger, number=number, holder=lease.holder
+                )
+        lease.first_record = None
         outcome, error = _attempt(job, lease, number, stop=stop, clock=clock, mail_mode=mail_mode, inline=inline)
         _record(record, outcome, error)
         if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:

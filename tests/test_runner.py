@@ -266,3 +266,27 @@ def test_a_second_run_while_one_is_active_coalesces_and_the_job_runs_once_more()
     assert results[0].runs == 2
     assert Job.objects.get(name="busy").pending_since is None
     assert Lease.objects.get(job="busy").token is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql
+def test_on_postgresql_a_run_on_a_free_lease_starts_in_one_statement_and_a_held_lease_takes_the_locked_path():
+    from django.test.utils import CaptureQueriesContext
+
+    from fabrika_django.jobs import registry
+
+    job = registry.get("lab_slow")
+    runner.sync_jobs([job.name])
+    with CaptureQueriesContext(connection) as started:
+        lease = runner._start_or_join(job, "kick", "holder-a")
+    assert lease is not None and lease.first_record is not None
+    assert len(started.captured_queries) == 1
+    attempt = Attempt.objects.get(pk=lease.first_record)
+    assert (attempt.run_id, attempt.number, attempt.outcome, attempt.trigger) == (lease.run_id, 1, "running", "kick")
+    assert Lease.objects.get(job=job.name).token == lease.token
+    assert Job.objects.get(name=job.name).last_run_id == lease.run_id
+
+    # Held: the one statement takes nothing, and the locked path marks the job pending.
+    assert runner._start_or_join(job, "kick", "holder-b") is None
+    assert Job.objects.get(name=job.name).pending_since is not None
+    assert Lease.objects.get(job=job.name).token == lease.token
