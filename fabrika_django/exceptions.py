@@ -93,3 +93,23 @@ class TokenExpired(TokenInvalid):
     """A signed token was genuine but its ``days`` have passed."""
 
     code = "token_expired"
+
+
+class EgressRefused(CapabilityRefused):
+    """``ctx.fetch`` was asked for a URL outside the job's declared HTTPS origins (or a redirect led there)."""
+
+    code = "egress_refused"
+
+
+class FetchError(FabrikaError, ConnectionError):
+    """``ctx.fetch`` got no HTTP answer (DNS, connection, TLS or timeout). ``origin`` and ``reason`` are facts.
+
+    The message names the origin and the error's class only, never the URL's path or query.
+    """
+
+    code = "fetch_failed"
+
+    def __init__(self, message: str, *, origin: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.origin = origin
+        self.reason = reason
