@@ -283,6 +283,13 @@ def mailer_for(ctx: JobContext) -> Mailer:
 
 def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
     """Raise the EmailDeliveryError for a failed send: not_sent where the server refused, unknown otherwise."""
+    if _deferred(error):
+        # A 4xx before DATA (a per-connection message limit, greylisting, a full queue): nothing left, try later.
+        ledger.release()
+        raise EmailDeliveryError(
+            "The server deferred the message before its data; nothing was sent: a later attempt sends it.",
+            code="transport_deferred",
+        ) from None
     refusals: list[tuple[type[Exception], str, str]] = [
         (smtplib.SMTPRecipientsRefused, "recipient_refused", "The server refused every recipient"),
         (smtplib.SMTPSenderRefused, "sender_refused", "The server refused the sending address"),
@@ -308,6 +315,15 @@ def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
         code="transport_failed",
         outcome="unknown",
     ) from _quiet(error)
+
+
+def _deferred(error: Exception) -> bool:
+    """Whether the server answered MAIL or every RCPT with a temporary (4xx) code."""
+    if isinstance(error, smtplib.SMTPSenderRefused):
+        return 400 <= error.smtp_code < 500
+    if isinstance(error, smtplib.SMTPRecipientsRefused) and error.recipients:
+        return all(400 <= answer[0] < 500 for answer in error.recipients.values())
+    return False
 
 
 def _quiet(error: BaseException) -> BaseException | None:
@@ -355,14 +371,8 @@ class _Ledger:
         from .models import SentMail
 
         for _ in range(3):  # a concurrent try can move the row between the read and the write
-            try:
-                with framework_write(), transaction.atomic():
-                    SentMail.objects.create(
-                        key_hash=self.key_hash, content_hash=self.content_hash, state="sending", provider=provider
-                    )
+            if self._insert_sending(provider):
                 return None
-            except IntegrityError:
-                pass
             row = SentMail.objects.filter(key_hash=self.key_hash).first()
             if row is None:
                 continue  # freed meanwhile: reserve again
@@ -393,12 +403,49 @@ class _Ledger:
             outcome="unknown",
         )
 
+    def _insert_sending(self, provider: str) -> bool:
+        """Insert the key's row as ``sending``; False when the key has a row already. One statement, no exception.
+
+        PostgreSQL and SQLite say so with ``ON CONFLICT DO NOTHING RETURNING``; other databases take the
+        IntegrityError path inside a savepoint.
+        """
+        from django.db import connections, router
+        from django.utils import timezone
+
+        from .models import SentMail
+
+        alias = router.db_for_write(SentMail)
+        connection = connections[alias]
+        with framework_write():
+            if connection.vendor in ("postgresql", "sqlite"):
+                table = connection.ops.quote_name(SentMail._meta.db_table)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"INSERT INTO {table} (key_hash, content_hash, state, provider, message_id, created) "  # noqa: S608
+                        "VALUES (%s, %s, 'sending', %s, '', %s) ON CONFLICT (key_hash) DO NOTHING RETURNING key_hash",
+                        [
+                            self.key_hash,
+                            self.content_hash,
+                            provider,
+                            connection.ops.adapt_datetimefield_value(timezone.now()),
+                        ],
+                    )
+                    return cursor.fetchone() is not None
+            try:
+                with transaction.atomic(using=alias):
+                    SentMail.objects.using(alias).create(
+                        key_hash=self.key_hash, content_hash=self.content_hash, state="sending", provider=provider
+                    )
+                return True
+            except IntegrityError:
+                return False
+
     def accepted(self, result: SendResult) -> None:
         from django.utils import timezone
 
         from .models import SentMail
 
-        with framework_write(), transaction.atomic():
+        with framework_write():  # one statement: its own transaction
             SentMail.objects.filter(key_hash=self.key_hash).update(
                 state="accepted", provider=result.provider, message_id=result.message_id, accepted=timezone.now()
             )
@@ -410,11 +457,11 @@ class _Ledger:
         """Forget the reservation: the message did not leave, so the next try sends it afresh."""
         from .models import SentMail
 
-        with framework_write(), transaction.atomic():
+        with framework_write():
             SentMail.objects.filter(key_hash=self.key_hash, state="sending", content_hash=self.content_hash).delete()
 
     def _move(self, old: str, new: str) -> bool:
         from .models import SentMail
 
-        with framework_write(), transaction.atomic():
+        with framework_write():
             return bool(SentMail.objects.filter(key_hash=self.key_hash, state=old).update(state=new))

@@ -36,6 +36,7 @@ class _Handler:
     dedup: bool = False
     hang_up_after_data: bool = False
     refuse_recipients: bool = False
+    defer_mail: bool = False
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: SMTP sessions opened (one EHLO each).
@@ -45,6 +46,13 @@ class _Handler:
         session.host_name = hostname
         self.sessions += 1
         return responses
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        if self.defer_mail:
+            return "421 4.7.0 Too many messages on this connection, try again later"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if self.refuse_recipients:

@@ -373,6 +373,22 @@ def test_refused_credentials_are_a_configuration_refusal_that_may_not_retry():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_temporary_refusal_before_the_data_sends_nothing_and_may_retry():
+    answers = []
+    with SMTPServer() as smtp, override_settings(**smtp.settings):
+        smtp.handler.defer_mail = True
+        with _sending_job([_message()], answers) as job:
+            assert _run(job.name).ok
+            error, may_retry = answers
+            assert (error.code, error.outcome, may_retry) == ("transport_deferred", "not_sent", True)
+            assert not SentMail.objects.exists()
+            smtp.handler.defer_mail = False
+            answers.clear()
+            assert _run(job.name).ok
+        assert isinstance(answers[0], SendResult) and len(smtp.received) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_unreachable_transport_sends_nothing_and_may_retry():
     closed = SMTPServer()  # never started: its port answers nothing
     answers = []
