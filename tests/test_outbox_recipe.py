@@ -143,6 +143,19 @@ def test_a_refused_mail_is_dead_at_once_with_its_step_code_and_a_requeue_sends_i
     assert mail.state == "done" and len(django_mail.outbox) == 1
 
 
+@pytest.mark.django_db
+def test_a_mail_to_a_person_who_unsubscribed_is_skipped_but_the_welcome_still_goes():
+    person = Person.objects.create(name=NAME, email=ADDRESS, unsubscribed=True)
+    news = OutboxMail.objects.create(person=person, kind="news", subject="News", text="News.")
+    welcome = OutboxMail.objects.create(person=person, kind="welcome", subject="Welcome", text="Hi.")
+    assert run_job("send_outbox").ok
+    news.refresh_from_db()
+    welcome.refresh_from_db()
+    assert (news.state, news.message_id) == ("done", "") and news.skipped_at is not None
+    assert welcome.state == "done" and welcome.message_id and welcome.skipped_at is None
+    assert [sent.subject for sent in django_mail.outbox] == ["Welcome"]
+
+
 def _secrets(mail=None):
     found = [ADDRESS, NAME, "Grace", "Welcome to the fabrika demo", "outbox-mail-", "help@fabrika-demo"]
     if mail is not None:

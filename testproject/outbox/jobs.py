@@ -88,6 +88,12 @@ def send_outbox(ctx):
 
 def _send(ctx, mail):
     person = Person.objects.get(pk=mail.person_id)
+    if person.unsubscribed and mail.kind != "welcome":
+        # Welcome mail confirms a registration the person just made; anything else respects the unsubscribe.
+        with ctx.transaction():
+            mail.finish(skipped_at=ctx.now())
+        ctx.log.info("Mail skipped id=%s code=unsubscribed", mail.pk)
+        return
     try:
         result = ctx.mail.send(
             to=person.email,

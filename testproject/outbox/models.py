@@ -40,6 +40,8 @@ class OutboxMail(QueueModel):
     # The person's signed one-click unsubscribe link (RFC 8058), issued by the job that wrote the mail.
     unsubscribe_url = models.URLField(max_length=2000, blank=True)
     message_id = models.CharField(max_length=255, blank=True)
+    # Set instead of a send when the person unsubscribed before the mail went out.
+    skipped_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Queue:

@@ -8,8 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from fabrika_django import kick
-from fabrika_django.exceptions import TokenExpired, TokenInvalid
+from fabrika_django import TokenExpired, TokenInvalid, kick
 from fabrika_django.tokens import verify
 
 from .forms import RegistrationForm
