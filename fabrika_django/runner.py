@@ -187,6 +187,10 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
 
     A lease left expired by a holder that vanished (a crash, SIGKILL) is taken over: the cut-off attempt is
     recorded ``crashed``, and its run goes on with its next attempt while it has retries left.
+
+    ``mark_pending=False`` is a worker serving the pending flag (a kick it heard): with the lease free and the
+    flag already cleared, a run that started after the kick served it (another worker heard it too), so
+    nothing starts.
     """
     from .models import Attempt, Job, Lease, Outcome
 
@@ -194,7 +198,9 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
     started = time.monotonic()
     lease_seconds = _lease_seconds(job.timeout.total_seconds())
     with framework_write():
-        record = _take_free_lease(job.name, trigger, holder, token, run_id, lease_seconds)
+        record = _take_free_lease(
+            job.name, trigger, holder, token, run_id, lease_seconds, require_pending=not mark_pending
+        )
     if record is not None:
         valid_until = _valid_until(started, lease_seconds)
         return _Lease(job.name, token, run_id, trigger, attempt, holder, valid_until, first_record=record)
@@ -205,6 +211,8 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
             # A kick makes the Job row alone; without its Lease row no run could ever take the lease.
             Lease.objects.bulk_create([Lease(job=job.name)], ignore_conflicts=True)
         previous: dict[str, Any] = dict(row) if row else {}
+        if not mark_pending and not previous.get("token") and not _is_pending(job.name):
+            return None
         resumed = bool(previous.get("token") and previous.get("run_id") and previous["attempt"] < 1 + job.retries)
         if resumed:
             run_id, attempt = previous["run_id"], previous["attempt"] + 1
@@ -233,8 +241,21 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
     return _Lease(job.name, token, run_id, trigger, attempt, holder, _valid_until(started, lease_seconds))
 
 
+def _is_pending(name: str) -> bool:
+    from .models import Job
+
+    return Job.objects.filter(name=name, pending_since__isnull=False).exists()
+
+
 def _take_free_lease(
-    name: str, trigger: str, holder: str, token: uuid.UUID, run_id: uuid.UUID, seconds: float
+    name: str,
+    trigger: str,
+    holder: str,
+    token: uuid.UUID,
+    run_id: uuid.UUID,
+    seconds: float,
+    *,
+    require_pending: bool,
 ) -> int | None:
     """PostgreSQL: start a run on a free lease in one statement, its first Attempt row included; return its id.
 
@@ -251,9 +272,11 @@ def _take_free_lease(
     quote = connection.ops.quote_name
     job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
     attempt_table = quote(Attempt._meta.db_table)
+    # Serving a kick: only while its flag is up (the flag is read again after the row lock is granted).
+    pending = " AND pending_since IS NOT NULL" if require_pending else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH locked AS (SELECT name FROM {job_table} WHERE name = %s FOR UPDATE), "  # noqa: S608  quoted names
+            f"WITH locked AS (SELECT name FROM {job_table} WHERE name = %s{pending} FOR UPDATE), "  # noqa: S608
             f"taken AS (UPDATE {lease_table} AS lease SET token = %s, holder = %s, run_id = %s, attempt = 1, "
             "expires = statement_timestamp() + %s * interval '1 second' "
             "FROM locked WHERE lease.job = locked.name AND lease.token IS NULL RETURNING lease.job), "

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from fabrika_django import runner
 from fabrika_django.models import Attempt, Job, Lease
@@ -290,3 +291,19 @@ def test_on_postgresql_a_run_on_a_free_lease_starts_in_one_statement_and_a_held_
     assert runner._start_or_join(job, "kick", "holder-b") is None
     assert Job.objects.get(name=job.name).pending_since is not None
     assert Lease.objects.get(job=job.name).token == lease.token
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_serving_a_kick_that_a_run_already_served_starts_nothing():
+    from fabrika_django.jobs import registry
+
+    job = registry.get("lab_slow")
+    runner.sync_jobs([job.name])
+    # Two workers heard one kick; the first one's run started (clearing the flag) and ended before the second
+    # one got to it: the second finds the lease free and the flag down, and must not run the job again.
+    assert runner._start_or_join(job, "kick", "second-worker", mark_pending=False) is None
+    assert Lease.objects.get(job=job.name).token is None and not Attempt.objects.exists()
+
+    Job.objects.filter(name=job.name).update(pending_since=timezone.now())
+    lease = runner._start_or_join(job, "kick", "second-worker", mark_pending=False)
+    assert lease is not None and Job.objects.get(name=job.name).pending_since is None
