@@ -22,38 +22,13 @@ import os
 import smtplib
 import socket
 import statistics
-import sys
 import time
+
+from bench._setup import create_database, out, setup_django
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench_mail"
 SENDER = "bench@localhost"
 TO = "inbox@example.org"
-
-
-def _out(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-
-
-def _create_database(url: str) -> None:
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def _setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    os.environ.setdefault("FABRIKA_LOG_LEVEL", "WARNING")
-    os.environ["DEBUG"] = "0"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 class _Sink:
@@ -178,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from aiosmtpd.controller import Controller
 
-    _create_database(args.database_url)
-    _setup_django(args.database_url)
+    create_database(args.database_url)
+    setup_django(args.database_url, lab=False)
     sink = _Sink()
     port = _free_port()
     controller = Controller(sink, hostname="127.0.0.1", port=port)
@@ -200,19 +175,19 @@ def main(argv: list[str] | None = None) -> None:
         controller.stop()
 
     expected = args.messages * 3 * args.repeat  # the replay sends nothing
-    _out(f"{args.messages} messages a run, {args.repeat} runs a way; server took {sink.count} ({expected} expected)")
-    _out(f"{'way':<20}{'msg/s':>10}{'range':>18}{'of smtplib':>12}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
+    out(f"{args.messages} messages a run, {args.repeat} runs a way; server took {sink.count} ({expected} expected)")
+    out(f"{'way':<20}{'msg/s':>10}{'range':>18}{'of smtplib':>12}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
     floor = None
     for name, results in runs.items():
         rates = sorted(args.messages / result["seconds"] for result in results)
         median = statistics.median(rates)
         middle = min(results, key=lambda result: abs(args.messages / result["seconds"] - median))
         floor = floor or median
-        _out(
+        out(
             f"{name:<20}{median:>10.0f}{f'{rates[0]:.0f}-{rates[-1]:.0f}':>18}{median / floor:>11.0%}"
             f"{_ms(middle['latencies'], 0.5):>9}{_ms(middle['latencies'], 0.95):>9}{_ms(middle['latencies'], 0.99):>9}"
         )
-    _out(f"peak RSS of the process: {_peak_rss_mb():.0f} MB")
+    out(f"peak RSS of the process: {_peak_rss_mb():.0f} MB")
 
 
 if __name__ == "__main__":

@@ -14,37 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
+
+from bench._setup import create_database, out, setup_django
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_overview"
 TABLE = "lab_item"
-
-
-def _out(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-
-
-def _create_database(url: str) -> None:
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def _setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ["FABRIKA_LAB"] = "1"  # lab.Item is the benched queue table
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    os.environ["DEBUG"] = "0"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def _shape(rows: int) -> dict[str, int]:
@@ -62,7 +37,7 @@ def _fill(cursor, rows: int) -> None:
     )
     done, dead, waiting, first_dead = cursor.fetchone()
     if (done, dead, waiting, first_dead) == (shape["done"], shape["dead"], shape["waiting"], 1):
-        _out(f"{TABLE} already holds {rows:,} rows in the benchmark's shape")
+        out(f"{TABLE} already holds {rows:,} rows in the benchmark's shape")
         return
     started = time.perf_counter()
     cursor.execute(f"TRUNCATE {TABLE}")
@@ -77,7 +52,7 @@ def _fill(cursor, rows: int) -> None:
         "FROM generate_series(1, %s) AS i",
         [rows],
     )
-    _out(f"filled {TABLE} with {rows:,} rows {shape} in {time.perf_counter() - started:.1f} s")
+    out(f"filled {TABLE} with {rows:,} rows {shape} in {time.perf_counter() - started:.1f} s")
 
 
 def _time(run, repeat: int) -> list[float]:
@@ -91,7 +66,7 @@ def _time(run, repeat: int) -> list[float]:
 
 
 def _summary(label: str, times: list[float]) -> None:
-    _out(
+    out(
         f"{label:<46} median {statistics.median(times):8.2f} ms   min {min(times):8.2f}   max {max(times):8.2f}"
         f"   ({len(times)} runs)"
     )
@@ -103,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=20)
     options = parser.parse_args(argv)
-    _create_database(options.url)
-    _setup_django(options.url)
+    create_database(options.url)
+    setup_django(options.url, lab=True)
 
     from django.db import connection
     from django.utils import timezone
@@ -116,16 +91,16 @@ def main(argv: list[str] | None = None) -> None:
         _fill(cursor, options.rows)
         cursor.execute(f"VACUUM ANALYZE {TABLE}")
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size(%s))", [TABLE])
-        _out(f"{TABLE}: {cursor.fetchone()[0]} with indexes; PostgreSQL {connection.pg_version}")
+        out(f"{TABLE}: {cursor.fetchone()[0]} with indexes; PostgreSQL {connection.pg_version}")
 
     now = timezone.now()
     counts = count_queue(Item, now)
-    _out(
+    out(
         f"counts: waiting {counts.waiting:,}  due now {counts.due_now:,}  dead {counts.dead:,}  "
         f"done {'>' if counts.done > 10_000 else ''}{min(counts.done, 10_000):,} (capped)  "
         f"oldest due {counts.oldest_due}"
     )
-    _out()
+    out()
     _summary("overview count (one statement, partial index)", _time(lambda: count_queue(Item, now), options.repeat))
 
     def naive() -> None:
@@ -142,13 +117,13 @@ def main(argv: list[str] | None = None) -> None:
             cursor.fetchone()
 
     _summary("naive count (FILTER over the whole table)", _time(naive, options.repeat))
-    _out()
+    out()
     sql, params = _count_sql(Item, now, connection.alias)
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
-        _out("EXPLAIN (ANALYZE, BUFFERS) of the overview's statement:")
+        out("EXPLAIN (ANALYZE, BUFFERS) of the overview's statement:")
         for (line,) in cursor.fetchall():
-            _out(f"  {line}")
+            out(f"  {line}")
 
 
 if __name__ == "__main__":
