@@ -309,8 +309,21 @@ class _JobFilter(admin.SimpleListFilter):
         return queryset.filter(job=self.value()) if self.value() else queryset
 
 
+class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A framework history table: nobody adds or changes a row; only a superuser deletes one."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_superuser)
+
+
 @admin.register(Attempt)
-class AttemptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AttemptAdmin(HistoryAdmin):
     """Attempts: read-only history; only a superuser deletes."""
 
     list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
@@ -334,15 +347,6 @@ class AttemptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     class Media:
         css = {"all": ["fabrika_django/admin.css"]}
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_superuser)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = list(super().get_fields(request, obj))

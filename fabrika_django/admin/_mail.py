@@ -5,17 +5,15 @@ It holds hashes only, so a person finds a row by its time and state, never by ad
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..models import SentMail
+from ._jobs import HistoryAdmin
 
 
 @admin.register(SentMail)
-class SentMailAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class SentMailAdmin(HistoryAdmin):
     """Sent mail: one row per idempotency key; only a superuser deletes one (the key then sends afresh)."""
 
     list_display = ("short_key", "state", "provider", "created", "accepted")
@@ -24,15 +22,6 @@ class SentMailAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     readonly_fields = fields
     ordering = ("-created",)
     show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_superuser)
 
     @admin.display(description=_("key hash"), ordering="key_hash")
     def short_key(self, row: SentMail) -> str:
