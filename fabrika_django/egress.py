@@ -14,7 +14,6 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import TYPE_CHECKING, Any
@@ -46,7 +45,7 @@ class FetchResponse:
 def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
     """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None)`` for the job of ``ctx``."""
     job = ctx.job
-    allowed = _declared(job.egress)
+    allowed = frozenset(job.egress)  # @cron normalised each with origin_of()
 
     def fetch(
         method: str,
@@ -95,7 +94,7 @@ def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
     return fetch
 
 
-def _origin(url: str) -> str:
+def origin_of(url: str) -> str:
     """Return ``https://host[:port]`` of ``url`` (no port for 443), or raise ValueError saying what is wrong."""
     # Whitespace and control characters are stripped by urlsplit but not by urllib's own parser: a URL the
     # two read differently could pass the check for one host and connect to another.
@@ -113,18 +112,9 @@ def _origin(url: str) -> str:
     return f"https://{host}" if port in (None, 443) else f"https://{host}:{port}"
 
 
-def _declared(origins: tuple[str, ...]) -> frozenset[str]:
-    # @cron checked each origin; normalise ":443" here, and drop one no URL can match (credentials, bad port).
-    normal = set()
-    for origin in origins:
-        with suppress(ValueError):
-            normal.add(_origin(origin))
-    return frozenset(normal)
-
-
 def _checked_origin(job_name: str, url: str, allowed: frozenset[str]) -> str:
     try:
-        origin = _origin(url)
+        origin = origin_of(url)
     except ValueError as problem:
         raise EgressRefused(
             f"Job '{job_name}' fetched {problem}: give an https:// URL on an origin declared in @cron(egress=[...]).",
@@ -152,7 +142,7 @@ class _DeclaredRedirects(urllib.request.HTTPRedirectHandler):
             fp.close()
             raise
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and origin != _origin(req.full_url):
+        if new is not None and origin != origin_of(req.full_url):
             # Credentials for one declared origin are not for another.
             for name in ("Authorization", "Cookie", "Proxy-authorization"):
                 new.headers.pop(name, None)

@@ -166,10 +166,18 @@ def _names(argument: str, values: Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_origin(origin: str) -> str:
+    """Return the origin in the one form ``ctx.fetch`` compares URLs with (lower case, no ``:443``)."""
+    from .egress import origin_of
+
     parts = urlsplit(origin)
-    if parts.scheme != "https" or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'.")
-    return f"https://{parts.netloc.lower()}"
+    try:
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("a path")
+        return origin_of(origin)
+    except ValueError:
+        raise ValueError(
+            f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'."
+        ) from None
 
 
 def _check_permission(permission: str) -> str:

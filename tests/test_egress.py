@@ -250,3 +250,33 @@ def test_an_unreachable_origin_fails_as_fetch_failed_without_quoting_the_url():
     )
     assert str(error) == f"GET to {origin} failed (ConnectionRefusedError): retry later, or check it is reachable."
     assert error.__cause__ is None and error.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://api.example", "https://user@api.example", "https://api.example/v1", "https://api.example:x"]
+)
+def test_cron_refuses_an_egress_entry_that_is_not_an_https_origin_and_registers_nothing(origin):
+    from fabrika_django import cron
+    from fabrika_django.jobs import registry
+
+    def refused(ctx):
+        pass
+
+    with pytest.raises(ValueError) as error:
+        cron(None, egress=[origin])(refused)
+    assert str(error.value) == f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'."
+    assert "refused" not in registry
+
+
+def test_cron_keeps_each_origin_in_the_form_fetch_compares_with():
+    from fabrika_django import cron
+    from fabrika_django.jobs import registry
+
+    def normalised(ctx):
+        pass
+
+    try:
+        job = cron(None, egress=["https://API.example:443", "https://api.example:8443/"])(normalised)
+        assert job.egress == ("https://api.example", "https://api.example:8443")
+    finally:
+        registry.unregister("normalised")
