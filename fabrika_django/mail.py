@@ -183,7 +183,6 @@ class Mailer:
             from_email=str(getattr(backend, "fabrika_from_email", "") or django_settings.DEFAULT_FROM_EMAIL),
             key_hash=ledger.key_hash,
         )
-        message.fabrika_idempotency_key = _prefixed(key)  # type: ignore[attr-defined]
         self._deliver(backend, message, seconds, ledger)
         result = SendResult(status="accepted", provider=self.provider, message_id=_accepted_id(message))
         ledger.accepted(result)
@@ -284,10 +283,10 @@ def mailer_for(ctx: JobContext) -> Mailer:
 def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
     """Raise the EmailDeliveryError for a failed send: not_sent where the server refused, unknown otherwise."""
     if _deferred(error):
-        # A 4xx before DATA (a per-connection message limit, greylisting, a full queue): nothing left, try later.
+        # A 4xx (a per-connection message limit, greylisting, a full queue): the server kept nothing, try later.
         ledger.release()
         raise EmailDeliveryError(
-            "The server deferred the message before its data; nothing was sent: a later attempt sends it.",
+            "The server deferred the message; nothing was sent: a later attempt sends it.",
             code="transport_deferred",
         ) from None
     refusals: list[tuple[type[Exception], str, str]] = [
@@ -300,11 +299,6 @@ def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
             raise EmailDeliveryError(f"{text}; nothing was sent.", code=code) from _quiet(error)
     if isinstance(error, smtplib.SMTPDataError):
         ledger.release()
-        if 400 <= error.smtp_code < 500:
-            raise EmailDeliveryError(
-                "The server deferred the message; nothing was sent: a later attempt sends it.",
-                code="transport_deferred",
-            ) from _quiet(error)
         raise EmailDeliveryError("The server rejected the message; nothing was sent.", code="message_rejected") from (
             _quiet(error)
         )
@@ -318,8 +312,8 @@ def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
 
 
 def _deferred(error: Exception) -> bool:
-    """Whether the server answered MAIL or every RCPT with a temporary (4xx) code."""
-    if isinstance(error, smtplib.SMTPSenderRefused):
+    """Whether the server answered MAIL, every RCPT, or the data with a temporary (4xx) code."""
+    if isinstance(error, smtplib.SMTPSenderRefused | smtplib.SMTPDataError):
         return 400 <= error.smtp_code < 500
     if isinstance(error, smtplib.SMTPRecipientsRefused) and error.recipients:
         return all(400 <= answer[0] < 500 for answer in error.recipients.values())
@@ -339,11 +333,6 @@ def _check_key(key: object) -> str:
             code="invalid_idempotency_key",
         )
     return key
-
-
-def _prefixed(key: str) -> str:
-    environment = str(settings.ENVIRONMENT or "")
-    return f"{environment}-{key}" if environment else key
 
 
 def _key_hash(key: str) -> str:

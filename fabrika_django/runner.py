@@ -322,8 +322,8 @@ def _run_attempts(
     number = lease.attempt
     last = 1 + job.retries
     while True:
-        if lease.first_record is not None and number == lease.attempt:
-            # Inserted with the start, in the same statement.
+        if lease.first_record is not None:
+            # The first attempt's row, inserted with the start in the same statement.
             record = Attempt(
                 pk=lease.first_record,
                 job=job.name,

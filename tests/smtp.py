@@ -37,6 +37,8 @@ class _Handler:
     hang_up_after_data: bool = False
     refuse_recipients: bool = False
     defer_mail: bool = False
+    #: An answer to the data other than "250" (e.g. "451 …" or "554 …"): the message is not kept.
+    data_reply: str | None = None
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: SMTP sessions opened (one EHLO each).
@@ -61,6 +63,8 @@ class _Handler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        if self.data_reply is not None:
+            return self.data_reply
         raw = envelope.original_content or envelope.content
         message = email.message_from_bytes(raw, policy=email.policy.default)
         with self.lock:

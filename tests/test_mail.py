@@ -389,6 +389,23 @@ def test_a_temporary_refusal_before_the_data_sends_nothing_and_may_retry():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("reply", "code", "may"),
+    [("451 4.3.0 Queue full", "transport_deferred", True), ("554 5.6.0 Content refused", "message_rejected", False)],
+)
+def test_a_refused_data_frees_the_key_and_may_retry_only_when_temporary(reply, code, may):
+    answers = []
+    with SMTPServer() as smtp, override_settings(**smtp.settings):
+        smtp.handler.data_reply = reply
+        with _sending_job([_message()], answers) as job:
+            assert _run(job.name).ok
+        assert smtp.received == []
+    error, may_retry = answers
+    assert (error.code, error.outcome, may_retry) == (code, "not_sent", may)
+    assert not SentMail.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_unreachable_transport_sends_nothing_and_may_retry():
     closed = SMTPServer()  # never started: its port answers nothing
     answers = []
