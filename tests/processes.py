@@ -25,7 +25,10 @@ def test_database_url():
 
 
 def manage_env(**extra):
-    env = dict(os.environ, DATABASE_URL=test_database_url(), FABRIKA_LAB="1", PYTHONUNBUFFERED="1")
+    # PYTHONFAULTHANDLER: a process that a test gives up on is sent SIGABRT and writes every thread's stack.
+    env = dict(
+        os.environ, DATABASE_URL=test_database_url(), FABRIKA_LAB="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"
+    )
     env.update({key: str(value) for key, value in extra.items()})
     return env
 

@@ -7,6 +7,8 @@ import sys
 import tempfile
 import time
 
+from django.db import connection
+
 from .processes import ROOT, manage_env
 
 
@@ -46,6 +48,29 @@ class WorkerProcess:
         os.unlink(self.log.name)
 
 
+def _post_mortem(workers):
+    """What a timed-out test needs to tell a hang from slowness: the sessions that are not idle, and the
+    workers' logs ending with every thread's stack (SIGABRT with PYTHONFAULTHANDLER)."""
+    parts = []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), left(query, 160) "
+                "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND state <> 'idle'"
+            )
+            parts += ["sessions not idle:", *(repr(row) for row in cursor.fetchall())]
+    for worker in workers:
+        if worker.alive():
+            worker.signal(signal.SIGABRT)
+            try:
+                worker.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        parts.append(worker.output()[-12000:])
+    return "\n".join(parts)
+
+
 def wait_until(predicate, *, timeout=30.0, workers=(), what="the condition"):
     """Poll ``predicate`` until it is true; fail saying ``what`` (and the workers' logs) after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -56,6 +81,5 @@ def wait_until(predicate, *, timeout=30.0, workers=(), what="the condition"):
         for worker in workers:
             assert worker.alive(), f"worker {worker.pid} exited ({worker.proc.returncode}):\n{worker.output()}"
         if time.monotonic() > deadline:
-            logs = "\n".join(worker.output()[-3000:] for worker in workers)
-            raise AssertionError(f"Timed out waiting for {what}.\n{logs}")
+            raise AssertionError(f"Timed out waiting for {what}.\n{_post_mortem(workers)}")
         time.sleep(0.02)
