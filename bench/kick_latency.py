@@ -32,14 +32,19 @@ def main() -> int:
     parser.add_argument("--kicks", type=int, default=500)
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432/fabrika_bench")
     parser.add_argument("--poll-interval", type=float, default=0.1)
-    parser.add_argument("--only", choices=("listen", "poll"), help="run one mode")
+    parser.add_argument("--only", choices=("listen", "floor", "poll"), help="run one mode")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "floor":
+        return _floor_child(args.kicks, args.poll_interval)
+    if args.child == "floor-listener":
+        return _floor_listener()
     if args.child:
         return _child(args.child, args.kicks, args.poll_interval)
     sqlite = os.path.join(tempfile.gettempdir(), f"fabrika-bench-{os.getpid()}.sqlite3")
     modes = [
         ("listen", "PostgreSQL, LISTEN/NOTIFY", args.postgres, {}),
+        ("floor", "PostgreSQL alone (the floor)", args.postgres, {}),
         (
             "poll",
             f"SQLite, polling every {args.poll_interval * 1000:.0f} ms",
@@ -47,6 +52,7 @@ def main() -> int:
             {"FABRIKA_POLL_INTERVAL": str(args.poll_interval)},
         ),
     ]
+    results: dict[str, tuple[float, float, float]] = {}
     for mode, title, url, extra in modes:
         if args.only and mode != args.only:
             continue
@@ -65,19 +71,27 @@ def main() -> int:
             text=True,
         ).stdout
         latencies = json.loads(out.strip().splitlines()[-1])
-        _report(title, latencies)
+        results[mode] = _report(title, latencies)
+    if "listen" in results and "floor" in results:
+        ours, floor = results["listen"], results["floor"]
+        sys.stdout.write(
+            "floor / ours: "
+            + "  ".join(f"{name} {floor[i] / ours[i]:.0%}" for i, name in enumerate(("p50", "p95", "p99")))
+            + "\n"
+        )
     if os.path.exists(sqlite):
         os.unlink(sqlite)
     return 0
 
 
-def _report(title: str, latencies: list[float]) -> None:
+def _report(title: str, latencies: list[float]) -> tuple[float, float, float]:
     ms = sorted(value * 1000 for value in latencies)
     cuts = statistics.quantiles(ms, n=100, method="inclusive")
     sys.stdout.write(
         f"{title}: {len(ms)} kicks  p50 {cuts[49]:.2f} ms  p95 {cuts[94]:.2f} ms  p99 {cuts[98]:.2f} ms  "
         f"max {ms[-1]:.2f} ms\n"
     )
+    return cuts[49], cuts[94], cuts[98]
 
 
 def _fresh_database(url: str) -> None:
@@ -135,6 +149,9 @@ def _child(mode: str, kicks: int, idle: float) -> int:
 
 def _wait_for_stamp(mark_model, last: int, worker: subprocess.Popen) -> float:
     deadline = time.monotonic() + 30
+    # Look only after the run surely began: a client polling meanwhile would take the CPU (two cores here)
+    # from the very start it measures.
+    time.sleep(0.015)
     while True:
         note = mark_model.objects.filter(job="lab_stamp", pk__gt=last).values_list("note", flat=True).first()
         if note is not None:
@@ -148,6 +165,97 @@ def _wait_idle(lease_model) -> None:
     while lease_model.objects.filter(job="lab_stamp", token__isnull=False).exists():
         time.sleep(0.003)
     time.sleep(0.01)
+
+
+def _floor_child(kicks: int, idle: float) -> int:
+    """The same two statements with nothing around them: plain psycopg, one process that only listens.
+
+    The client commits a row, then runs the kick's statement in autocommit; the listener, on hearing it,
+    runs the worker's one-statement start and notes the time, then frees the lease for the next kick.
+    """
+    _fresh_database(os.environ["DATABASE_URL"])
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import psycopg
+    from django.core.management import call_command
+    from django.db import connection
+
+    from fabrika_django.kicks import CHANNEL, _kick_sql
+    from fabrika_django.runner import sync_jobs
+
+    call_command("migrate", verbosity=0)
+    sync_jobs(["lab_stamp"])
+    kick_sql = _kick_sql(connection)
+    connection.close()
+    listener = subprocess.Popen(
+        [sys.executable, __file__, "--child", "floor-listener"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert listener.stdout is not None and listener.stdin is not None
+    listener.stdout.readline()  # "listening"
+    url = os.environ["DATABASE_URL"]
+    try:
+        with psycopg.ClientCursor(psycopg.connect(url)) as client:
+            latencies = []
+            for number in range(WARMUP + kicks):
+                client.execute(
+                    "INSERT INTO lab_mark (job, note, pid, attempt, at) VALUES ('bench', %s, 0, 1, now())", [number]
+                )
+                client.connection.commit()
+                committed = time.time()
+                client.execute(kick_sql, ["lab_stamp", CHANNEL, "lab_stamp"])
+                client.connection.commit()
+                stamp = float(listener.stdout.readline())
+                time.sleep(random.uniform(0, idle))
+                if number >= WARMUP:
+                    latencies.append(stamp - committed)
+        sys.stdout.write(json.dumps(latencies) + "\n")
+    finally:
+        listener.terminate()
+        listener.wait(30)
+    return 0
+
+
+def _floor_listener() -> int:
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import uuid
+
+    import psycopg
+    from django.db import connection
+
+    from fabrika_django.kicks import CHANNEL
+    from fabrika_django.runner import _free_lease_start_sql
+
+    start_sql = _free_lease_start_sql(connection, require_pending=True)
+    url = os.environ["DATABASE_URL"]
+    listen = psycopg.connect(url, autocommit=True)
+    listen.execute(f"LISTEN {CHANNEL}")
+    starter = psycopg.ClientCursor(psycopg.connect(url, autocommit=True))
+    sys.stdout.write("listening\n")
+    sys.stdout.flush()
+    while True:
+        for note in listen.notifies():
+            run_id = uuid.uuid4()
+            parameters = [note.payload, uuid.uuid4(), "floor", run_id, 30, run_id, "kick", run_id, "kick", "floor"]
+            starter.execute(start_sql, [*parameters, "running"])
+            started = time.time()
+            (attempt,) = starter.fetchone()
+            starter.execute(
+                "UPDATE fabrika_django_lease SET token = NULL, run_id = NULL, attempt = 0, expires = NULL "
+                "WHERE job = %s",
+                [note.payload],
+            )
+            starter.execute("UPDATE fabrika_django_attempt SET outcome = 'succeeded' WHERE id = %s", [attempt])
+            sys.stdout.write(f"{started:.6f}\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -264,31 +264,51 @@ def _take_free_lease(
     not three. Anything else (a held or expired lease, a resumed run, rows not made yet) answers None, and the
     general path decides under the Job row's lock.
     """
-    from .models import Attempt, Job, Lease, Outcome
+    from .models import Outcome
 
     connection = default_connection
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _free_lease_start_sql(connection, require_pending=require_pending),
+            [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, Outcome.RUNNING.value],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _free_lease_start_sql(connection: Any, *, require_pending: bool) -> str:
+    """The statement of ``_take_free_lease`` (bench/kick_latency.py runs it alone, as the database's floor).
+
+    Parameters: name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, outcome.
+
+    Its commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction
+    only), which saves a flush on the path from a kick to its handler. Losing it in a database crash loses
+    nothing: the kick's pending flag, committed durably before, comes back with the lease free, so the job
+    runs again; and every later durable commit (the handler's first ``ctx.transaction()``, a mail's ledger
+    row) flushes this one first, since the WAL is written in order.
+    """
+    from .models import Attempt, Job, Lease
+
     quote = connection.ops.quote_name
     job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
     attempt_table = quote(Attempt._meta.db_table)
     # Serving a kick: only while its flag is up (the flag is read again after the row lock is granted).
     pending = " AND pending_since IS NOT NULL" if require_pending else ""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH locked AS (SELECT name FROM {job_table} WHERE name = %s{pending} FOR UPDATE), "  # noqa: S608
-            f"taken AS (UPDATE {lease_table} AS lease SET token = %s, holder = %s, run_id = %s, attempt = 1, "
-            "expires = statement_timestamp() + %s * interval '1 second' "
-            "FROM locked WHERE lease.job = locked.name AND lease.token IS NULL RETURNING lease.job), "
-            f"started AS (UPDATE {job_table} SET pending_since = NULL, last_run_id = %s, last_trigger = %s, "
-            "last_started = statement_timestamp() WHERE name IN (SELECT job FROM taken) RETURNING name) "
-            f"INSERT INTO {attempt_table} (job, run_id, trigger, number, holder, started, outcome, error_class, "
-            "frames, message) SELECT name, %s, %s, 1, %s, statement_timestamp(), %s, '', '', '' FROM started "
-            "RETURNING id",
-            [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, Outcome.RUNNING.value],
-        )
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
+    return (
+        f"WITH locked AS (SELECT name FROM {job_table}, "  # noqa: S608  quoted names
+        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
+        f"WHERE name = %s{pending} FOR UPDATE OF {job_table}), "
+        f"taken AS (UPDATE {lease_table} AS lease SET token = %s, holder = %s, run_id = %s, attempt = 1, "
+        "expires = statement_timestamp() + %s * interval '1 second' "
+        "FROM locked WHERE lease.job = locked.name AND lease.token IS NULL RETURNING lease.job), "
+        f"started AS (UPDATE {job_table} SET pending_since = NULL, last_run_id = %s, last_trigger = %s, "
+        "last_started = statement_timestamp() WHERE name IN (SELECT job FROM taken) RETURNING name) "
+        f"INSERT INTO {attempt_table} (job, run_id, trigger, number, holder, started, outcome, error_class, "
+        "frames, message) SELECT name, %s, %s, 1, %s, statement_timestamp(), %s, '', '', '' FROM started "
+        "RETURNING id"
+    )
 
 
 def _default_pause(failed_attempt: int) -> float:
