@@ -32,9 +32,11 @@ def test_sigkill_during_a_run_loses_no_row_and_finishes_none_twice():
         killed_at = Item.objects.done().count()
         assert killed_at < ROWS
         second = WorkerProcess("--only", "lab_items", **short_lease)
-        # After the lease expires the second worker takes the run over and goes on with the table.
+        # After the lease expires the second worker takes the run over and goes on with the table: some
+        # thousands of transactions, so give a loaded machine time (a hang still fails, with stacks).
         wait_until(
             lambda: Attempt.objects.filter(job="lab_items", outcome="succeeded").exists(),
+            timeout=120,
             workers=[second],
             what="the run taken over",
         )
@@ -45,7 +47,7 @@ def test_sigkill_during_a_run_loses_no_row_and_finishes_none_twice():
         assert waiting.count() <= 50  # at most the one batch the killed attempt held
         waiting.update(due=timezone.now())
         kick("lab_items")
-        wait_until(lambda: Item.objects.done().count() == ROWS, workers=[second], what="every row done")
+        wait_until(lambda: Item.objects.done().count() == ROWS, timeout=60, workers=[second], what="every row done")
         wait_until(
             lambda: Lease.objects.filter(job="lab_items", token=None).exists(), workers=[second], what="the release"
         )
