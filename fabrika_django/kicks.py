@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import connections, router, transaction
 
+from . import _prepared
 from ._running import framework_write
 
 logger = logging.getLogger(__name__)
@@ -59,18 +60,18 @@ def request_run(name: str, *, using: str | None = None) -> None:
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
     table = connection.ops.quote_name(Job._meta.db_table)
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(_kick_sql(connection), [name, CHANNEL, name])
-            marked, exists = cursor.fetchone()
-        else:
+    if connection.vendor == "postgresql":
+        # One row always (an aggregate): (0, ...) when the flag was up already.
+        marked, exists = _prepared.fetchone(connection, _kick_sql(connection), [name, CHANNEL, name]) or (0, True)
+    else:
+        with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET pending_since = %s WHERE name = %s AND pending_since IS NULL",  # noqa: S608
                 [connection.ops.adapt_datetimefield_value(_now()), name],
             )
             marked = cursor.rowcount
-            # Zero rows: already pending (the common case under load), or no row yet (the rare miss).
-            exists = marked or Job.objects.using(alias).filter(name=name, pending_since__isnull=False).exists()
+        # Zero rows: already pending (the common case under load), or no row yet (the rare miss).
+        exists = marked or Job.objects.using(alias).filter(name=name, pending_since__isnull=False).exists()
     if not marked and not exists:
         _create_pending(name, alias)
     logger.debug("Kick job=%s marked=%d", name, bool(marked))

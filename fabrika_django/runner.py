@@ -33,6 +33,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from . import _prepared
 from ._fence import LeaseFence
 from ._handlers import handler_threads
 from ._running import ActiveRun, framework_write, running
@@ -86,7 +87,7 @@ class _Lease:
     attempt: int
     holder: str
     valid_until: float
-    #: The Attempt row the start already inserted for the first attempt (PostgreSQL's one-statement start).
+    #: The Attempt row of the run's first attempt, inserted in the start's own commit.
     first_record: int | None = None
 
 
@@ -238,7 +239,10 @@ def _start_or_join(job: CronJob, trigger: str, holder: str, *, mark_pending: boo
             Job.objects.filter(name=job.name).update(
                 pending_since=None, last_run_id=run_id, last_trigger=trigger, last_started=Now()
             )
-    return _Lease(job.name, token, run_id, trigger, attempt, holder, _valid_until(started, lease_seconds))
+        # The attempt's row in the same commit: one commit less before the handler starts.
+        first = Attempt.objects.create(job=job.name, run_id=run_id, trigger=trigger, number=attempt, holder=holder)
+    valid_until = _valid_until(started, lease_seconds)
+    return _Lease(job.name, token, run_id, trigger, attempt, holder, valid_until, first_record=first.pk)
 
 
 def _is_pending(name: str) -> bool:
@@ -269,12 +273,10 @@ def _take_free_lease(
     connection = default_connection
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _free_lease_start_sql(connection, require_pending=require_pending),
-            [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, Outcome.RUNNING.value],
-        )
-        row = cursor.fetchone()
+    sql = _free_lease_start_sql(connection, require_pending=require_pending)
+    params: list[Any] = [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder]
+    params.append(Outcome.RUNNING.value)
+    row = _prepared.fetchone(connection, sql, params)
     return None if row is None else int(row[0])
 
 
