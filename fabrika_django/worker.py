@@ -29,7 +29,6 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connection
-from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -91,6 +90,7 @@ class Worker:
         self._backoff = Backoff()
         self._prepared = False
         self._next_scan = 0.0
+        self._states_sql: tuple[str, Callable[[Any], datetime | None]] | None = None
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -198,18 +198,22 @@ class Worker:
         self._prepared = True
 
     def _read_states(self) -> dict[str, dict[str, Any]]:
-        from .models import Job, Lease
-
-        leases = Lease.objects.filter(job=OuterRef("name"), token__isnull=False)
-        rows = (
-            Job.objects.filter(name__in=list(self.jobs))
-            .annotate(
-                held=Exists(leases.filter(expires__gte=Now())),
-                orphaned=Exists(leases.filter(expires__lt=Now())),
-            )
-            .values("name", "pending_since", "next_fire", "held", "orphaned")
-        )
-        return {row["name"]: dict(row) for row in rows}
+        if self._states_sql is None:
+            self._states_sql = _states_sql(len(self.jobs))
+        sql, convert_fire = self._states_sql
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(self.jobs))
+            rows = cursor.fetchall()
+        return {
+            name: {
+                "name": name,
+                "pending_since": True if pending else None,
+                "next_fire": convert_fire(fire),
+                "held": bool(held),
+                "orphaned": bool(orphaned),
+            }
+            for name, pending, fire, held, orphaned in rows
+        }
 
     def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
         from .models import Job
@@ -374,6 +378,38 @@ class Worker:
 
 
 _TICK = timedelta(microseconds=1)
+
+
+def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
+    """The scan's query, built once per worker, and the converter of its ``next_fire`` column.
+
+    A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
+    millisecond on SQLite, more than the query). This is the same query written out: one row per job
+    with its pending flag, next fire, and whether a lease is held or was left expired (by the database's
+    clock, ``Now()``). Parameters: the job names.
+    """
+    from .models import Job, Lease
+
+    quote = connection.ops.quote_name
+    compiler = Job.objects.none().query.get_compiler(connection=connection)
+    now, _ = compiler.compile(Now())
+    job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
+    names = ", ".join(["%s"] * count)
+    sql = (
+        f"SELECT job.name, job.pending_since IS NOT NULL, job.next_fire, "  # noqa: S608  quoted names
+        f"lease.token IS NOT NULL AND lease.expires >= {now}, lease.token IS NOT NULL AND lease.expires < {now} "
+        f"FROM {job_table} AS job LEFT JOIN {lease_table} AS lease ON lease.job = job.name "
+        f"WHERE job.name IN ({names})"
+    )
+    column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
+    converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+
+    def convert_fire(value: Any) -> datetime | None:
+        for converter in converters:
+            value = converter(value, column, connection)
+        return value
+
+    return sql, convert_fire
 
 
 def _close_quietly() -> None:
