@@ -123,6 +123,11 @@ def _child(mode: str, kicks: int, idle: float) -> int:
         [sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", "--only", "lab_stamp", "-v", "0"],
         cwd=ROOT,
     )
+    # Stratified phases: one kick in each equal slice of the idle interval, in random order. Kicks still fall
+    # at every phase of the worker's polling, evenly, without the median of a plain random draw wandering by
+    # a couple of milliseconds from run to run.
+    phases = [(slot + random.random()) / (WARMUP + kicks) for slot in range(WARMUP + kicks)]
+    random.shuffle(phases)
     try:
         latencies = []
         for number in range(WARMUP + kicks):
@@ -136,7 +141,7 @@ def _child(mode: str, kicks: int, idle: float) -> int:
                 kick("lab_stamp")
             stamp = _wait_for_stamp(Mark, last, worker)
             _wait_idle(Lease)
-            time.sleep(random.uniform(0, idle))
+            time.sleep(phases[number] * idle)
             if number >= WARMUP:
                 latencies.append(stamp - committed[0])
         sys.stdout.write(json.dumps(latencies) + "\n")
@@ -172,6 +177,7 @@ def _floor_child(kicks: int, idle: float) -> int:
 
     The client commits a row, then runs the kick's statement in autocommit; the listener, on hearing it,
     runs the worker's one-statement start and notes the time, then frees the lease for the next kick.
+    Both statements are prepared, as fabrika prepares them (``fabrika_django._prepared``).
     """
     _fresh_database(os.environ["DATABASE_URL"])
     sys.path.insert(0, str(ROOT))
@@ -200,16 +206,16 @@ def _floor_child(kicks: int, idle: float) -> int:
     listener.stdout.readline()  # "listening"
     url = os.environ["DATABASE_URL"]
     try:
-        with psycopg.ClientCursor(psycopg.connect(url)) as client:
+        # Server-side binding and prepared statements: the least work the database can be asked to do.
+        # Autocommit: the row's statement commits alone, and the kick's too (as fabrika's, after the commit).
+        with psycopg.connect(url, autocommit=True, prepare_threshold=0).cursor() as client:
             latencies = []
             for number in range(WARMUP + kicks):
                 client.execute(
                     "INSERT INTO lab_mark (job, note, pid, attempt, at) VALUES ('bench', %s, 0, 1, now())", [number]
                 )
-                client.connection.commit()
                 committed = time.time()
                 client.execute(kick_sql, ["lab_stamp", CHANNEL, "lab_stamp"])
-                client.connection.commit()
                 stamp = float(listener.stdout.readline())
                 time.sleep(random.uniform(0, idle))
                 if number >= WARMUP:
@@ -238,7 +244,7 @@ def _floor_listener() -> int:
     url = os.environ["DATABASE_URL"]
     listen = psycopg.connect(url, autocommit=True)
     listen.execute(f"LISTEN {CHANNEL}")
-    starter = psycopg.ClientCursor(psycopg.connect(url, autocommit=True))
+    starter = psycopg.connect(url, autocommit=True, prepare_threshold=0).cursor()
     sys.stdout.write("listening\n")
     sys.stdout.flush()
     while True:
