@@ -1,7 +1,9 @@
 """A run: attempts, retries, outcomes, the history, and the refusals of the write guard."""
 
 import logging
+import random
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -10,6 +12,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from fabrika_django import runner
+from fabrika_django.kicks import request_run
 from fabrika_django.models import Attempt, Job, Lease
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
@@ -307,3 +310,38 @@ def test_a_worker_serving_a_kick_that_a_run_already_served_starts_nothing():
     Job.objects.filter(name=job.name).update(pending_since=timezone.now())
     lease = runner._start_or_join(job, "kick", "second-worker", mark_pending=False)
     assert lease is not None and Job.objects.get(name=job.name).pending_since is None
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_runs_and_kicks_of_one_job_from_many_threads_never_deadlock():
+    """The one-statement start, the locked start and the end all take the Job row before the Lease row.
+
+    Eight threads start runs (serving a kick or not), end them and kick, for a few seconds: taken in the
+    other order, a start and an end meet in a deadlock within a second, and PostgreSQL fails one of them.
+    """
+    runner.sync_jobs(["lab_stamp"])
+    errors = []
+    until = time.monotonic() + 4
+
+    def hammer(seed):
+        draw = random.Random(seed)
+        try:
+            while time.monotonic() < until:
+                if draw.random() < 0.3:
+                    request_run("lab_stamp")
+                else:
+                    runner.run("lab_stamp", "kick", mark_pending=draw.random() < 0.5)
+        except Exception as exc:  # a deadlock surfaces here as OperationalError
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Attempt.objects.filter(job="lab_stamp", outcome="succeeded").count() >= 8
+    assert not Attempt.objects.filter(job="lab_stamp").exclude(outcome="succeeded").exists()
