@@ -146,7 +146,28 @@ class Outcome(models.TextChoices):
     CLAIM_OUTSIDE_JOB = "claim_outside_job", _("claim outside job")
     UNDECLARED_KICK = "undeclared_kick", _("undeclared kick")
     CAPABILITY_REFUSED = "capability_refused", _("capability refused")
+    UNKNOWN_JOB = "unknown_job", _("unknown job")
+    VERSION_CONFLICT = "version_conflict", _("version conflict")
+    TOKEN_INVALID = "token_invalid", _("token invalid")
+    TOKEN_EXPIRED = "token_expired", _("token expired")
+    EGRESS_REFUSED = "egress_refused", _("egress refused")
+    FETCH_FAILED = "fetch_failed", _("fetch failed")
+    # ctx.mail's refusals (EmailDeliveryError.code), when a handler lets one end the attempt.
     MAIL_NOT_CONFIGURED = "mail_not_configured", _("mail not configured")
+    INVALID_MESSAGE = "invalid_message", _("invalid message")
+    INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key", _("invalid idempotency key")
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict", _("idempotency conflict")
+    SEND_INSIDE_TRANSACTION = "send_inside_transaction", _("send inside transaction")
+    ATTACHMENTS_TOO_LARGE = "attachments_too_large", _("attachments too large")
+    FILE_MISSING = "file_missing", _("attachment file missing")
+    RECIPIENT_REFUSED = "recipient_refused", _("recipient refused")
+    SENDER_REFUSED = "sender_refused", _("sender refused")
+    MESSAGE_REJECTED = "message_rejected", _("message rejected")
+    TRANSPORT_REFUSED = "transport_refused", _("transport refused")
+    TRANSPORT_DEFERRED = "transport_deferred", _("transport deferred")
+    TRANSPORT_FAILED = "transport_failed", _("transport failed")
+    TRANSPORT_UNAVAILABLE = "transport_unavailable", _("transport unavailable")
+    OUTCOME_UNKNOWN = "outcome_unknown", _("outcome unknown")
 
 
 class Trigger(models.TextChoices):

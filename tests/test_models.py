@@ -1,6 +1,8 @@
 """QueueModel: its fields and index, row.state, and the versioned row transitions."""
 
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -8,7 +10,9 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fabrika_django import exceptions
 from fabrika_django.exceptions import VersionConflict
+from fabrika_django.models import Outcome
 from testproject.lab.models import Item
 from testproject.outbox.models import OutboxMail
 from testproject.reminders.models import Reminder
@@ -295,3 +299,23 @@ def test_remove_of_a_row_with_delete_signals_still_deletes_only_an_unchanged_row
 
     assert deleted == [unchanged.pk]
     assert list(Reminder.objects.values_list("pk", flat=True)) == [changed.pk]
+
+
+def test_every_code_that_can_end_an_attempt_has_an_outcome_choice():
+    """The attempts page shows a label for each outcome: a new error code needs its choice (and migration)."""
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    codes = {cls.code for cls in subclasses(exceptions.FabrikaError) if "code" in vars(cls)}
+    package = Path(exceptions.__file__).parent
+    for module in ("mail.py", "_envelope.py"):
+        codes |= set(re.findall(r'code="([a-z_]+)"', (package / module).read_text()))
+    codes |= {
+        code
+        for _, code, _ in re.findall(r'\((smtplib\.\w+), "([a-z_]+)", "([^"]*)"\)', (package / "mail.py").read_text())
+    }
+    assert len(codes) > 20
+    assert codes - set(Outcome.values) == set()

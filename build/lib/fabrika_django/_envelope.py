@@ -1,0 +1,218 @@
+"""A message checked for ``ctx.mail.send``: addresses, one-line headers, attachments read from FileFields.
+
+Its ``content_hash`` covers everything the idempotency key promises: recipients, subject, bodies, reply-to, from
+name, each attachment's name and bytes, and the unsubscribe URL. Error messages never quote a value (it may be an
+address).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mimetypes
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from email.utils import formataddr, parseaddr
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+from django.core.mail import EmailMultiAlternatives
+from django.core.validators import validate_email
+from django.db.models.fields.files import FieldFile
+
+from .exceptions import EmailDeliveryError
+
+MAX_ATTACHMENTS = 20
+MAX_RECIPIENTS = 50
+_UNSAFE_IN_HEADER = re.compile(r"[\x00-\x20<>\x7f]")
+
+
+@dataclass(frozen=True)
+class _Attachment:
+    name: str
+    content: bytes
+    mimetype: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A checked message: its parts, its attachments' bytes, and the hash of all that the key covers."""
+
+    to: tuple[str, ...]
+    subject: str
+    text: str
+    html: str | None
+    reply_to: tuple[str, ...]
+    from_name: str | None
+    attachments: tuple[_Attachment, ...]
+    unsubscribe_url: str | None
+    content_hash: str
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        to: str | Sequence[str],
+        subject: str,
+        text: str,
+        html: str | None,
+        reply_to: str | Sequence[str] | None,
+        from_name: str | None,
+        attachments: Iterable[FieldFile],
+        unsubscribe_url: str | None,
+        limit: int,
+    ) -> Envelope:
+        recipients = _addresses("to", to, required=True)
+        replies = _addresses("reply_to", reply_to, required=False)
+        _check_text("subject", subject, single_line=True, required=True, max_length=998)
+        _check_text("text", text, single_line=False, required=True)
+        if html is not None:
+            _check_text("html", html, single_line=False, required=False)
+        if from_name is not None:
+            _check_text("from_name", from_name, single_line=True, required=False, max_length=100)
+        if unsubscribe_url is not None:
+            _check_unsubscribe_url(unsubscribe_url)
+        files = _read_attachments(attachments, limit)
+        content = {
+            "to": recipients,
+            "subject": subject,
+            "text": text,
+            "html": html,
+            "reply_to": replies,
+            "from_name": from_name,
+            "attachments": [[f.name, hashlib.sha256(f.content).hexdigest()] for f in files],
+            "unsubscribe_url": unsubscribe_url,
+        }
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+        return cls(
+            to=tuple(recipients),
+            subject=subject,
+            text=text,
+            html=html,
+            reply_to=tuple(replies),
+            from_name=from_name,
+            attachments=files,
+            unsubscribe_url=unsubscribe_url,
+            content_hash=digest,
+        )
+
+    def message(self, *, from_email: str, key_hash: str) -> EmailMultiAlternatives:
+        name, address = parseaddr(from_email)
+        # Derived from the key, so a transport that deduplicates by Message-ID drops a second copy.
+        headers = {"Message-ID": f"<{key_hash[:40]}@{address.rpartition('@')[2] or 'fabrika.invalid'}>"}
+        if self.unsubscribe_url:
+            # RFC 8058: the pair makes a mailbox offer one-click unsubscribe by POST to the URL.
+            headers["List-Unsubscribe"] = f"<{self.unsubscribe_url}>"
+            headers["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+        message = EmailMultiAlternatives(
+            subject=self.subject,
+            body=self.text,
+            from_email=formataddr((self.from_name if self.from_name is not None else name, address)),
+            to=list(self.to),
+            reply_to=list(self.reply_to),
+            headers=headers,
+        )
+        if self.html is not None:
+            message.attach_alternative(self.html, "text/html")
+        for attachment in self.attachments:
+            message.attach(attachment.name, attachment.content, attachment.mimetype)
+        return message
+
+
+def _invalid(text: str) -> EmailDeliveryError:
+    return EmailDeliveryError(text, code="invalid_message")
+
+
+def _addresses(argument: str, value: str | Sequence[str] | None, *, required: bool) -> list[str]:
+    if value is None:
+        values: list[object] = []
+    elif isinstance(value, str):
+        values = [value]
+    elif isinstance(value, list | tuple):
+        values = list(value)
+    else:
+        raise _invalid(f"{argument} must be an e-mail address or a list of them.")
+    if required and not values:
+        raise _invalid(f"{argument} names no recipient: give at least one e-mail address.")
+    if len(values) > MAX_RECIPIENTS:
+        raise _invalid(f"{argument} names {len(values)} addresses: send at most {MAX_RECIPIENTS} per message.")
+    for position, address in enumerate(values, start=1):
+        try:
+            if not isinstance(address, str):
+                raise ValidationError("not a string")
+            validate_email(address)
+        except ValidationError:
+            # Never quote the value: it may be someone's address.
+            raise _invalid(f"{argument}: entry {position} is not an e-mail address.") from None
+    return [str(address) for address in values]
+
+
+def _check_text(argument: str, value: object, *, single_line: bool, required: bool, max_length: int = 0) -> None:
+    if not isinstance(value, str):
+        raise _invalid(f"{argument} must be a string, not {type(value).__name__}.")
+    if required and not value.strip():
+        raise _invalid(f"{argument} is empty: every message needs one.")
+    if single_line and ("\n" in value or "\r" in value):
+        raise _invalid(f"{argument} holds a line break: a header is one line.")
+    if max_length and len(value) > max_length:
+        raise _invalid(f"{argument} is {len(value)} characters long: keep it to {max_length}.")
+
+
+def _check_unsubscribe_url(url: object) -> None:
+    # Any host the application serves is fine (an intranet name too); what matters is an absolute http(s) URL that
+    # stays one header token: no space, control character or angle bracket.
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if (
+        parts is None
+        or not isinstance(url, str)
+        or len(url) > 2000
+        or parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or _UNSAFE_IN_HEADER.search(url)
+    ):
+        raise _invalid(
+            "unsubscribe_url is not an absolute http(s) URL: build it with ctx.url(name, query={'t': token})."
+        )
+
+
+def _read_attachments(attachments: Iterable[FieldFile], limit: int) -> tuple[_Attachment, ...]:
+    files = list(attachments)
+    if len(files) > MAX_ATTACHMENTS:
+        raise _invalid(f"{len(files)} attachments: attach at most {MAX_ATTACHMENTS} files.")
+    for position, file in enumerate(files, start=1):
+        if not isinstance(file, FieldFile):
+            raise _invalid(f"attachment {position} is not a file of a FileField: pass row.<file field>.")
+        if not file:
+            raise EmailDeliveryError(
+                f"attachment {position} holds no file: leave it out or wait until the row has its file.",
+                code="file_missing",
+            )
+    try:
+        total = sum(file.size for file in files)
+    except (FileNotFoundError, OSError):
+        raise _missing() from None
+    if total > limit:
+        raise EmailDeliveryError(
+            f"The attachments hold {total} bytes; this transport takes at most {limit}: send a link instead.",
+            code="attachments_too_large",
+        )
+    read = []
+    for file in files:
+        stored = str(file.name)
+        try:
+            with file.storage.open(stored, "rb") as handle:
+                content = handle.read()
+        except (FileNotFoundError, OSError):
+            raise _missing() from None
+        name = os.path.basename(stored)
+        read.append(_Attachment(name, content, mimetypes.guess_type(name)[0] or "application/octet-stream"))
+    return tuple(read)
+
+
+def _missing() -> EmailDeliveryError:
+    return EmailDeliveryError(
+        "An attachment's file is missing from its storage: restore it or clear the field, then requeue the row.",
+        code="file_missing",
+    )

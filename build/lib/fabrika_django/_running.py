@@ -1,0 +1,70 @@
+"""The thread's active job run: how the runner tells claim() and the write guard what is happening.
+
+The runner enters ``running(run)`` in the thread that executes a job's handler, and sets
+``run.in_transaction`` while ``ctx.transaction()`` is open; framework writes (claim, the lease) set
+``run.framework_writes``. Everything here is internal.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from .jobs import CronJob
+
+_local = threading.local()
+
+
+@dataclass
+class ActiveRun:
+    """What the current thread is running."""
+
+    job: CronJob
+    #: The clock of the run: claim's ``now``. The test kit passes a fixed one.
+    clock: Callable[[], datetime] = timezone.now
+    #: True while ctx.transaction() is open in this thread.
+    in_transaction: bool = False
+    #: Depth of framework-owned writes (claim, leases, history), which the write guard lets through.
+    framework_writes: int = 0
+    #: The JobContext, when there is one.
+    context: Any = field(default=None, repr=False)
+
+    def now(self) -> datetime:
+        return self.clock()
+
+
+def active_run() -> ActiveRun | None:
+    """Return the run active in this thread, or None outside a job."""
+    return getattr(_local, "run", None)
+
+
+@contextmanager
+def running(run: ActiveRun) -> Iterator[ActiveRun]:
+    """Mark ``run`` active in this thread for the duration of the block."""
+    previous = active_run()
+    _local.run = run
+    try:
+        yield run
+    finally:
+        _local.run = previous
+
+
+@contextmanager
+def framework_write() -> Iterator[None]:
+    """Let the framework's own writes through the write guard (no-op outside a run)."""
+    run = active_run()
+    if run is None:
+        yield
+        return
+    run.framework_writes += 1
+    try:
+        yield
+    finally:
+        run.framework_writes -= 1

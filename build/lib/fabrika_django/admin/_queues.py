@@ -1,0 +1,257 @@
+"""The admin of the application's queue tables: state column and filter, requeue action and button."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.contrib import admin, messages
+from django.contrib.admin.options import IS_POPUP_VAR
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from ..exceptions import VersionConflict
+from ..queues import max_attempts_of
+
+#: The states a person filters by, in the order the admin shows them.
+STATES = (
+    ("waiting", _("waiting")),
+    ("due_now", _("due now")),
+    ("dead", _("dead")),
+    ("done", _("done")),
+)
+# The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
+_READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
+_REQUEUED = [{"changed": {"fields": ["due", "attempts"]}}]  # the admin history's entry of a requeue
+_COLUMNS = ("queue_state", "attempts", "queue_due", "last_failure")
+
+
+def _state_q(model: type[models.Model], state: str, now: datetime) -> Q:
+    """Return the condition of ``state``; every branch keeps ``due IS NOT NULL`` so the partial index serves it."""
+    limit = max_attempts_of(model)
+    if state == "waiting":
+        return Q(due__isnull=False, attempts__lt=limit)
+    if state == "due_now":
+        return Q(due__isnull=False, attempts__lt=limit, due__lte=now)
+    if state == "dead":
+        return Q(due__isnull=False, attempts__gte=limit)
+    if state == "done":
+        return Q(due__isnull=True)
+    raise ValueError(f"{state!r} is not a queue state: use one of {', '.join(key for key, _label in STATES)}.")
+
+
+def _row_state(row: Any, now: datetime) -> str:
+    """Return the row's state as the filter names it: a waiting row whose time has come is "due_now"."""
+    state = str(row.state)
+    if state == "waiting" and row.due is not None and row.due <= now:
+        return "due_now"
+    return state
+
+
+def _flat(lines: Any) -> list[str]:
+    """Return the field names of a fieldset's ``fields`` (a line may be a tuple of names)."""
+    return [name for line in lines for name in (line if isinstance(line, (list, tuple)) else (line,))]
+
+
+def _badge(state: str, label: Any) -> str:
+    return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
+
+
+def _moment(value: datetime | None, now: datetime) -> str:
+    """Return "in 5 minutes (2 Dec 2026 19:45)" or "3 hours ago (...)" in the current time zone."""
+    if value is None:
+        return "—"
+    absolute = date_format(timezone.localtime(value), "DATETIME_FORMAT")
+    if value > now:
+        relative = _("in %(time)s") % {"time": timeuntil(value, now, depth=1)}
+    else:
+        relative = _("%(time)s ago") % {"time": timesince(value, now, depth=1)}
+    return format_html('{} <span class="fabrika-quiet">({})</span>', relative, absolute)
+
+
+class StateListFilter(admin.SimpleListFilter):
+    """Filter a queue table by waiting / due now / dead / done."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        return STATES
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if value not in dict(STATES):
+            return queryset
+        return queryset.filter(_state_q(queryset.model, str(value), timezone.now()))
+
+
+if TYPE_CHECKING:
+    _AdminBase = admin.ModelAdmin[Any]
+else:
+    _AdminBase = object  # the mixin goes before a ModelAdmin in the bases; it is none itself
+
+
+class QueueModelAdminMixin(_AdminBase):
+    """Mix into any ``ModelAdmin`` of a ``QueueModel`` for the state column and filter and the requeue tools.
+
+    Adds to what the admin declares: the columns ``queue_state``, ``attempts``, ``queue_due`` and
+    ``last_failure`` (name them in ``list_display`` to place them yourself), the state filter, the
+    "Requeue selected" action, the framework's fields as read-only fields, and a "Requeue" button on a
+    row's page (``change_form_template``; a template of your own can extend ours). Both requeue paths
+    need the model's change permission and go through ``row.requeue()``, so a row changed meanwhile
+    is reported and left as it is.
+    """
+
+    change_form_template: ClassVar[str | None] = "admin/fabrika_django/queue_change_form.html"
+
+    class Media:
+        css = {"all": ["fabrika_django/admin.css"]}
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = list(super().get_list_display(request))
+        return [*shown, *(column for column in _COLUMNS if column not in shown)]
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        # Added here rather than in `actions`, so an admin that declares its own actions keeps this one.
+        if self.actions is None or IS_POPUP_VAR in request.GET or "requeue_selected" in actions:
+            return actions
+        if self.has_change_permission(request):
+            actions["requeue_selected"] = self.get_action("requeue_selected")
+        return actions
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        filters = list(super().get_list_filter(request))
+        return filters if StateListFilter in filters else [StateListFilter, *filters]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, *(name for name in _READ_ONLY if name not in fields)]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is None:
+            return fieldsets
+        placed = {name for _title, options in fieldsets for name in _flat(options.get("fields", ()))}
+        if self.fieldsets is not None and not placed.isdisjoint(_READ_ONLY):
+            return fieldsets  # the admin placed them itself
+        # The queue's own fields first, on a row of their own: what a person opens a stuck row for.
+        rest = [
+            (title, dict(options, fields=[line for line in options.get("fields", ()) if line not in _READ_ONLY]))
+            for title, options in fieldsets
+        ]
+        return [(_("Queue"), {"fields": [_READ_ONLY[:3], _READ_ONLY[3:]]}), *rest]
+
+    @admin.display(description=_("state"), ordering="due")
+    def queue_state(self, row: Any) -> str:
+        state = _row_state(row, timezone.now())
+        return _badge(state, dict(STATES)[state])
+
+    @admin.display(description=_("due"), ordering="due")
+    def queue_due(self, row: Any) -> str:
+        return _moment(row.due, timezone.now())
+
+    @admin.action(description=_("Requeue selected"), permissions=["change"])
+    def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Make each selected waiting or dead row due now with no attempts; leave done rows and changed rows."""
+        requeued, conflicted, skipped = 0, [], 0
+        for row in queryset.order_by("pk"):
+            if row.due is None:
+                skipped += 1  # a done row's work is finished: requeueing it would do it twice
+                continue
+            try:
+                row.requeue()
+            except VersionConflict:
+                conflicted.append(str(row.pk))
+            else:
+                requeued += 1
+                self.log_change(request, row, _REQUEUED)
+        self._report(request, requeued, conflicted, skipped)
+
+    def _report(self, request: HttpRequest, requeued: int, conflicted: list[str], skipped: int) -> None:
+        opts = self.model._meta
+        self.message_user(
+            request,
+            ngettext("Requeued %(count)d %(name)s.", "Requeued %(count)d %(plural)s.", requeued)
+            % {"count": requeued, "name": opts.verbose_name, "plural": opts.verbose_name_plural},
+            messages.SUCCESS if requeued else messages.INFO,
+        )
+        if conflicted:
+            self.message_user(
+                request,
+                _("Changed since they were read, so left as they are: %(ids)s. Reload the list and try again.")
+                % {"ids": ", ".join(conflicted)},
+                messages.WARNING,
+            )
+        if skipped:
+            self.message_user(
+                request,
+                ngettext(
+                    "Skipped %(count)d done row: its work is finished.",
+                    "Skipped %(count)d done rows: their work is finished.",
+                    skipped,
+                )
+                % {"count": skipped},
+                messages.INFO,
+            )
+
+    def get_urls(self) -> list[Any]:
+        opts = self.model._meta
+        view = self.admin_site.admin_view(self._requeue_view)
+        mine = [path("<path:object_id>/requeue/", view, name=f"{opts.app_label}_{opts.model_name}_requeue")]
+        return [*mine, *super().get_urls()]
+
+    def _requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Requeue one row from its page: POST only, the change permission, the version the page showed."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        model = self.model
+        row = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.has_change_permission(request, row):
+            raise PermissionDenied
+        opts = model._meta
+        page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
+        if row.due is None:
+            self.message_user(
+                request, _("This row is done: its work is finished, so it was not requeued."), messages.WARNING
+            )
+            return HttpResponseRedirect(page)
+        shown = request.POST.get("version", "")
+        if shown.isdigit():
+            row.version = int(shown)  # the version the person saw: a change since then is a conflict
+        try:
+            row.requeue()
+        except VersionConflict:
+            self._report(request, 0, [str(row.pk)], 0)
+        else:
+            self.log_change(request, row, _REQUEUED)
+            self._report(request, 1, [], 0)
+        return HttpResponseRedirect(page)
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        row = kwargs.get("obj") or context.get("original")
+        if row is not None and row.pk is not None:
+            opts = self.model._meta
+            context["fabrika_requeue_url"] = (
+                reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_requeue", args=[row.pk])
+                if row.due is not None and self.has_change_permission(request, row)
+                else None
+            )
+        return super().render_change_form(request, context, *args, **kwargs)
+
+
+class QueueModelAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """The ``ModelAdmin`` of a queue table: ``admin.site.register(Outbox, QueueModelAdmin)`` or subclass it."""
+
+    list_display = ("__str__",)
+    list_per_page = 50

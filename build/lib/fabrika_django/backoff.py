@@ -1,0 +1,33 @@
+"""Backoff arithmetic, in one place and free of the database.
+
+A claimed row waits ``min(period * 2 ** (attempts_after - 1), MAX_ROW_BACKOFF)`` before it is due again,
+where ``period`` is the running job's schedule period (``DEFAULT_PERIOD`` for a job without a schedule)
+and ``attempts_after`` the row's attempts including this claim. A failed attempt of a run is retried after
+``min(RETRY_BASE * 2 ** (attempt - 1), RETRY_MAX)``: a short pause, so a retry is not the same instant.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+MAX_ROW_BACKOFF = timedelta(days=30)
+DEFAULT_PERIOD = timedelta(seconds=60)
+RETRY_BASE = timedelta(seconds=1)
+RETRY_MAX = timedelta(seconds=30)
+
+
+def row_backoff(period: timedelta, attempts_after: int) -> timedelta:
+    """Return how long a row claimed for the ``attempts_after``-th time waits before it is due again."""
+    if attempts_after < 1:
+        raise ValueError(f"attempts_after must be at least 1, got {attempts_after}")
+    # Past 2**40 the product would only overflow timedelta; the cap is long reached by then.
+    exponent = min(attempts_after - 1, 40)
+    try:
+        return min(period * 2**exponent, MAX_ROW_BACKOFF)
+    except OverflowError:
+        return MAX_ROW_BACKOFF
+
+
+def retry_pause(failed_attempt: int) -> timedelta:
+    """Return the pause before the attempt that follows failed attempt number ``failed_attempt``."""
+    return min(RETRY_BASE * 2 ** min(failed_attempt - 1, 10), RETRY_MAX)

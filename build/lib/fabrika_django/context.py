@@ -1,0 +1,189 @@
+"""JobContext: what a job's handler receives, and the abort signal of its attempt."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction as db_transaction
+
+from ._running import active_run, framework_write
+from .exceptions import AttemptTimedOut, LeaseLost, UndeclaredKick, WorkerStopping
+
+if TYPE_CHECKING:
+    from ._fence import LeaseFence
+    from .jobs import CronJob
+
+logger = logging.getLogger("fabrika_django.jobs")
+
+_ABORT_ERRORS: dict[str, type[LeaseLost]] = {
+    "timed_out": AttemptTimedOut,
+    "lease_lost": LeaseLost,
+    "shutdown": WorkerStopping,
+}
+_ABORT_MESSAGES = {
+    "timed_out": "The attempt ran past its timeout",
+    "lease_lost": "The attempt's lease is no longer its own",
+    "shutdown": "The worker is stopping",
+}
+
+
+class AbortSignal:
+    """Aborts when the attempt ends: its deadline, a lost lease, or the worker's shutdown.
+
+    The deadline is checked whenever the signal is read, so it holds even without a timer thread.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self._event = threading.Event()
+        self._deadline = deadline  # time.monotonic() value
+        self.reason: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """End the attempt with ``reason`` ("timed_out", "lease_lost" or "shutdown"); the first reason stays."""
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def aborted(self) -> bool:
+        if not self._event.is_set() and time.monotonic() >= self._deadline:
+            self.abort("timed_out")
+        return self._event.is_set()
+
+    def throw_if_aborted(self) -> None:
+        """Raise the attempt's end (AttemptTimedOut, LeaseLost or WorkerStopping) if it has come."""
+        if self.aborted:
+            reason = self.reason or "lease_lost"
+            raise _ABORT_ERRORS.get(reason, LeaseLost)(
+                f"{_ABORT_MESSAGES.get(reason, 'The attempt ended')}: start no new effect; the next run picks up."
+            )
+
+    def remaining(self) -> float:
+        """Return the seconds left before the deadline (0 once aborted): give it to a call as its timeout."""
+        if self.aborted:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` or until the attempt is aborted; return whether it was aborted."""
+        self._event.wait(min(seconds, max(0.0, self._deadline - time.monotonic())))
+        return self.aborted
+
+
+class _JobLogAdapter(logging.LoggerAdapter):
+    """Prefixes each line with the job, run and attempt: ids only, never users' data."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return f"job={extra['job']} run={extra['run']} attempt={extra['attempt']} {msg}", kwargs
+
+
+class JobContext:
+    """The context of one attempt of a job run, passed to the job's function.
+
+    Reads run anywhere; every write goes inside ``ctx.transaction()``, which the attempt's lease fences.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: CronJob,
+        run_id: uuid.UUID,
+        attempt: int,
+        trigger: str,
+        signal: AbortSignal,
+        fence: LeaseFence,
+        clock: Any,
+        mail_mode: str | None = None,
+    ) -> None:
+        self.job = job
+        self.run_id = run_id
+        self.attempt = attempt
+        self.trigger = trigger
+        self.signal = signal
+        self.mail_mode = mail_mode
+        self._fence = fence
+        self._clock = clock
+        self.log = _JobLogAdapter(logger, {"job": job.name, "run": str(run_id), "attempt": attempt})
+
+    def __repr__(self) -> str:
+        return f"<JobContext job={self.job.name} run={self.run_id} attempt={self.attempt}>"
+
+    def now(self) -> datetime:
+        """Return the run's clock (a fixed one under the test kit's ``now=``)."""
+        return self._clock()
+
+    @contextmanager
+    def transaction(self, using: str | None = None) -> Iterator[None]:
+        """Open a ``transaction.atomic()`` fenced by the attempt's lease.
+
+        It refuses to begin, and refuses to commit, once the lease is no longer this attempt's (LeaseLost,
+        or AttemptTimedOut past the deadline): a stale attempt never writes after its replacement started.
+        """
+        run = active_run()
+        if run is None or run.context is not self:
+            raise RuntimeError("ctx.transaction() belongs to its own attempt: use it inside the job's function.")
+        self._fence.check()
+        outer = run.in_transaction
+        with db_transaction.atomic(using=using):
+            run.in_transaction = True
+            try:
+                if not outer:
+                    with framework_write():
+                        self._fence.hold(using)
+                yield
+                # Past this point the block commits: refuse if the attempt ended meanwhile.
+                self._fence.check()
+            finally:
+                run.in_transaction = outer
+
+    def kick(self, name: str) -> None:
+        """Kick a job declared in this job's ``kicks``; inside ctx.transaction() it goes out on commit."""
+        if name not in self.job.kicks:
+            raise UndeclaredKick(
+                f"Job '{self.job.name}' kicked '{name}' without declaring it: add it to @cron(..., kicks=[{name!r}])."
+            )
+        from .kicks import kick
+
+        kick(name)
+
+    def _close(self) -> None:
+        """Release what the attempt opened (the mail transport's connection)."""
+        mailer = self.__dict__.get("mail")
+        if mailer is not None:
+            mailer.close()
+
+    @cached_property
+    def mail(self) -> Any:
+        """The job's mailer (jobs that declare ``mailer``)."""
+        from .mail import mailer_for
+
+        return mailer_for(self)
+
+    @cached_property
+    def tokens(self) -> Any:
+        """Signed tokens for the purposes the job declares in ``signs``."""
+        from .tokens import tokens_for
+
+        return tokens_for(self)
+
+    def url(self, name: str, *, query: dict[str, Any] | None = None, kwargs: dict[str, Any] | None = None) -> str:
+        """Return an absolute URL of the application's view ``name``, from the BASE_URL setting."""
+        from .tokens import absolute_url
+
+        return absolute_url(name, query=query, kwargs=kwargs)
+
+    def fetch(self, method: str, url: str, **options: Any) -> Any:
+        """Make an HTTPS request to one of the job's declared ``egress`` origins, within the attempt's time."""
+        from .egress import fetch_for
+
+        return fetch_for(self)(method, url, **options)

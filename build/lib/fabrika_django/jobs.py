@@ -1,0 +1,211 @@
+"""Cron jobs: the ``@cron`` decorator, the frozen ``CronJob`` it returns, and the project's registry."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from .exceptions import UnknownJob
+from .schedule import Schedule, period_of
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+MAX_TIMEOUT = timedelta(days=1)
+DEFAULT_TIMEOUT = timedelta(minutes=15)
+MAILERS = ("installation", "own")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+_PERMISSION = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+
+Handler = Callable[["JobContext"], Any]
+
+
+@dataclass(frozen=True)
+class CronJob:
+    """A registered job: its function and everything ``@cron`` declared about it."""
+
+    name: str
+    func: Handler = field(repr=False, compare=False)
+    schedule: Schedule | None
+    retries: int = 0
+    timeout: timedelta = DEFAULT_TIMEOUT
+    kicks: tuple[str, ...] = ()
+    mailer: str | None = None
+    signs: tuple[str, ...] = ()
+    egress: tuple[str, ...] = ()
+    #: Django permission names the job holds; None holds everything.
+    actions: frozenset[str] | None = None
+    module: str = ""
+
+    @property
+    def period(self) -> timedelta:
+        """Return the base of a claimed row's backoff: the schedule's period, or one minute."""
+        return period_of(self.schedule)
+
+    def __call__(self, ctx: JobContext) -> Any:
+        return self.func(ctx)
+
+
+class JobRegistry:
+    """Every job the project's ``jobs.py`` modules declared, by name."""
+
+    def __init__(self) -> None:
+        self._registry: dict[str, CronJob] = {}
+        #: Jobs refused because their name was taken; reported by the system checks.
+        self.duplicates: list[CronJob] = []
+
+    def register(self, job: CronJob) -> None:
+        existing = self._registry.get(job.name)
+        if existing is not None and existing.module != job.module:
+            self.duplicates.append(job)
+            return
+        self._registry[job.name] = job
+
+    def unregister(self, name: str) -> None:
+        self._registry.pop(name, None)
+
+    def get(self, name: str) -> CronJob:
+        """Return the job named ``name`` or raise UnknownJob naming the known ones."""
+        try:
+            return self._registry[name]
+        except KeyError:
+            known = ", ".join(sorted(self._registry)) or "none"
+            raise UnknownJob(
+                f"No cron job is named {name!r}: known jobs are {known}. "
+                "Declare it with @cron in an installed app's jobs.py."
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
+
+    def __iter__(self):
+        return iter(sorted(self._registry.values(), key=lambda job: job.name))
+
+    def __len__(self) -> int:
+        return len(self._registry)
+
+
+registry = JobRegistry()
+
+
+def cron(
+    schedule: str | None,
+    *,
+    name: str | None = None,
+    retries: int = 0,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    kicks: Iterable[str] = (),
+    mailer: str | None = None,
+    signs: Iterable[str] = (),
+    egress: Iterable[str] = (),
+    actions: Iterable[str] | None = None,
+) -> Callable[[Handler], CronJob]:
+    """Declare the decorated function a cron job running on ``schedule`` (five fields, UTC; None: kicks only).
+
+    Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it.
+    """
+    parsed = Schedule(schedule) if schedule is not None else None
+    _check_retries(retries)
+    _check_timeout(timeout)
+    declared_kicks = _names("kicks", kicks)
+    if mailer is not None and mailer not in MAILERS:
+        raise ValueError(f"mailer={mailer!r} is not a mailer: use 'installation', 'own' or None.")
+    purposes = _names("signs", signs)
+    origins = tuple(_check_origin(origin) for origin in _names("egress", egress))
+    held = None if actions is None else frozenset(_check_permission(a) for a in _names("actions", actions))
+
+    def decorate(func: Handler) -> CronJob:
+        job_name = name if name is not None else func.__name__
+        if not isinstance(job_name, str) or not _NAME.match(job_name):
+            raise ValueError(
+                f"Cron job name {job_name!r} is not valid: use up to 100 letters, digits, '_', '.' or '-'."
+            )
+        job = CronJob(
+            name=job_name,
+            func=func,
+            schedule=parsed,
+            retries=retries,
+            timeout=timeout,
+            kicks=declared_kicks,
+            mailer=mailer,
+            signs=purposes,
+            egress=origins,
+            actions=held,
+            module=getattr(func, "__module__", ""),
+        )
+        registry.register(job)
+        return job
+
+    return decorate
+
+
+def _check_retries(retries: object) -> None:
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries={retries!r} is not valid: give a whole number, 0 or more.")
+
+
+def _check_timeout(timeout: object) -> None:
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout={timeout!r} is not a timedelta: give e.g. timedelta(minutes=10).")
+    if not timedelta(0) < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout={timeout} is out of bounds: give more than 0 and at most one day.")
+
+
+def _names(argument: str, values: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(values, str):
+        raise TypeError(f"{argument}={values!r} is a string: give a list of names, e.g. [{values!r}].")
+    names = tuple(values)
+    for value in names:
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{argument} holds {value!r}: every entry must be a non-empty string.")
+    return names
+
+
+def _check_origin(origin: str) -> str:
+    """Return the origin in the one form ``ctx.fetch`` compares URLs with (lower case, no ``:443``)."""
+    from .egress import origin_of
+
+    parts = urlsplit(origin)
+    try:
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError("a path")
+        return origin_of(origin)
+    except ValueError:
+        raise ValueError(
+            f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'."
+        ) from None
+
+
+def _check_permission(permission: str) -> str:
+    if not _PERMISSION.match(permission):
+        raise ValueError(f"action {permission!r} is not a Django permission name: give e.g. 'tasks.change_task'.")
+    return permission
+
+
+# -- fabrika's own jobs ------------------------------------------------------------------------------------
+
+_PRUNE_BATCH = 1000
+
+
+@cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
+def prune_history(ctx: JobContext) -> None:
+    """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
+    from .conf import settings
+    from .models import Attempt
+
+    cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
+    pruned = 0
+    while True:
+        ctx.signal.throw_if_aborted()
+        batch = list(
+            Attempt.objects.filter(started__lt=cutoff).order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH]
+        )
+        if not batch:
+            break
+        with ctx.transaction():
+            pruned += Attempt.objects.filter(pk__in=batch).delete()[0]
+    ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)

@@ -1,0 +1,456 @@
+"""``ctx.mail``: one message at a time through a Django e-mail backend, with an idempotency ledger.
+
+A job that declares ``mailer`` sends through ``ctx.mail.send(...)``. Before a message leaves, the ledger
+(``SentMail``, a framework table holding only hashes) records its key as ``sending`` in a transaction of its own;
+the transport's acceptance turns it ``accepted``. So a repeated key answers the first acceptance without sending,
+and a key left ``sending`` by a try that died during the call is known to have an unknown outcome: a transport
+that deduplicates by key (``fabrika_deduplicates = True`` on the backend) is simply asked again, any other is
+reported ``unknown`` once, never silently sent twice.
+
+A backend may describe itself with these optional attributes (Django's own backends have none):
+``fabrika_provider`` (the name in ``SendResult.provider``), ``fabrika_deduplicates`` (it drops a second message
+with the same ``Message-ID``), ``fabrika_max_attachment_bytes`` (default 10 MiB) and ``fabrika_from_email`` (the
+sending address; ``DEFAULT_FROM_EMAIL`` otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import smtplib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings as django_settings
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core.mail.backends.dummy import EmailBackend as DummyBackend
+from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
+from django.db import IntegrityError, transaction
+from django.db.models.fields.files import FieldFile
+from django.utils.module_loading import import_string
+
+from ._envelope import Envelope
+from ._running import active_run, framework_write
+from .conf import settings
+from .exceptions import CapabilityRefused, EmailDeliveryError
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+logger = logging.getLogger("fabrika_django.mail")
+
+DEFAULT_MAX_ATTACHMENT_BYTES = 10 * 1024 * 1024
+_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+
+#: Codes that refuse the message or the configuration: sending it again gives the same answer.
+_REFUSED = frozenset(
+    {
+        "mail_not_configured",
+        "invalid_message",
+        "invalid_idempotency_key",
+        "idempotency_conflict",
+        "send_inside_transaction",
+        "attachments_too_large",
+        "file_missing",
+        "recipient_refused",
+        "sender_refused",
+        "message_rejected",
+        "transport_refused",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """A message the transport accepted (or accepted earlier under the same idempotency key)."""
+
+    status: str
+    provider: str
+    message_id: str
+
+
+class Mailer:
+    """``ctx.mail``: ``available``, ``send(...)`` and ``may_retry(error)`` over the job's transport."""
+
+    def __init__(self, *, job_name: str, mailer: str, mode: str | None, signal: Any) -> None:
+        self._job_name = job_name
+        self._mailer = mailer
+        self._mode = mode
+        self._signal = signal
+
+    def __repr__(self) -> str:
+        return f"<Mailer job={self._job_name} mailer={self._mailer}>"
+
+    @property
+    def available(self) -> bool:
+        """Whether a transport reaches this job; when false, every send fails ``mail_not_configured``."""
+        return self._backend is not None
+
+    @cached_property
+    def _backend(self) -> Any:
+        if self._mode == "none":
+            return None
+        if self._mode == "locmem":
+            return LocmemBackend()
+        if self._mailer == "own":
+            path = settings.OWN_MAIL_SENDER
+            backend = import_string(path)() if path else None
+        else:
+            backend = get_connection(fail_silently=False)
+        # The dummy backend drops every message: no transport reaches the job.
+        return None if backend is None or isinstance(backend, DummyBackend) else backend
+
+    @property
+    def provider(self) -> str:
+        """The transport's name: its ``fabrika_provider``, or the Django backend's module ("smtp", "locmem" …)."""
+        backend = self._backend
+        if backend is None:
+            return ""
+        named = getattr(backend, "fabrika_provider", None)
+        if named:
+            return str(named)
+        module = type(backend).__module__
+        if module.startswith("django.core.mail.backends."):
+            return module.rsplit(".", 1)[-1]
+        return type(backend).__name__.lower()
+
+    @property
+    def deduplicates(self) -> bool:
+        """Whether the transport drops a second message with the same key (then an unknown outcome may retry)."""
+        return bool(getattr(self._backend, "fabrika_deduplicates", False))
+
+    def may_retry(self, error: BaseException) -> bool:
+        """Whether the message that raised ``error`` may go again.
+
+        False for a refused message or configuration, and for an unknown outcome over a transport that does
+        not deduplicate (a retry could deliver it twice); true for a transient failure that sent nothing.
+        """
+        if not isinstance(error, EmailDeliveryError):
+            return False
+        if error.code in _REFUSED:
+            return False
+        if error.outcome == "unknown":
+            return self.deduplicates
+        return True
+
+    def send(
+        self,
+        *,
+        to: str | Sequence[str],
+        subject: str,
+        text: str,
+        html: str | None = None,
+        reply_to: str | Sequence[str] | None = None,
+        from_name: str | None = None,
+        idempotency_key: str,
+        attachments: Iterable[FieldFile] = (),
+        unsubscribe_url: str | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Hand one message to the transport and answer its acceptance; raise EmailDeliveryError otherwise.
+
+        Call it outside ``ctx.transaction()``: the ledger commits on its own, before and after the call.
+        """
+        self._refuse_inside_transaction()
+        backend = self._backend
+        if backend is None:
+            raise EmailDeliveryError(
+                "No mail transport reaches this job: configure EMAIL_BACKEND (or OWN_MAIL_SENDER for mailer='own'); "
+                "check ctx.mail.available before the batch and leave the rows as they are.",
+                code="mail_not_configured",
+            )
+        key = _check_key(idempotency_key)
+        envelope = Envelope.build(
+            to=to,
+            subject=subject,
+            text=text,
+            html=html,
+            reply_to=reply_to,
+            from_name=from_name,
+            attachments=attachments,
+            unsubscribe_url=unsubscribe_url,
+            limit=int(getattr(backend, "fabrika_max_attachment_bytes", DEFAULT_MAX_ATTACHMENT_BYTES)),
+        )
+        seconds = self._deadline(timeout)
+        ledger = _Ledger(_key_hash(key), envelope.content_hash)
+        earlier = ledger.reserve(self.provider, deduplicates=self.deduplicates)
+        if earlier is not None:
+            return earlier
+        message = envelope.message(
+            from_email=str(getattr(backend, "fabrika_from_email", "") or django_settings.DEFAULT_FROM_EMAIL),
+            key_hash=ledger.key_hash,
+        )
+        self._deliver(backend, message, seconds, ledger)
+        result = SendResult(status="accepted", provider=self.provider, message_id=_accepted_id(message))
+        ledger.accepted(result)
+        logger.info("Mail accepted job=%s provider=%s", self._job_name, result.provider)
+        return result
+
+    def _refuse_inside_transaction(self) -> None:
+        run = active_run()
+        if run is not None and run.in_transaction:
+            raise EmailDeliveryError(
+                "ctx.mail.send() ran inside ctx.transaction(): send between transactions, and record the "
+                "acceptance in the next one, so a rollback never forgets a message that left.",
+                code="send_inside_transaction",
+            )
+
+    def _deadline(self, timeout: float | None) -> float:
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+            raise EmailDeliveryError(
+                f"timeout={timeout!r} is not a deadline: give seconds above 0, or None for the attempt's.",
+                code="invalid_message",
+            )
+        self._signal.throw_if_aborted()
+        remaining = self._signal.remaining()
+        return min(timeout, remaining) if timeout is not None else remaining
+
+    def close(self) -> None:
+        """Close the transport's connection; the runner calls it when the attempt ends."""
+        backend = self.__dict__.get("_backend")
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # noqa: S110 - a failed QUIT after the last answer changes nothing
+                pass
+
+    def _deliver(self, backend: Any, message: EmailMultiAlternatives, seconds: float, ledger: _Ledger) -> None:
+        """Send ``message``; a failure before it could leave frees the ledger's key, any other is unknown.
+
+        The connection stays open for the attempt's next message (a batch pays one TLS and login, not one a
+        message); it is probed before each reuse, so a connection the server dropped while idle is opened
+        again rather than failing a message that never left.
+        """
+        try:
+            _connect(backend, seconds)
+        except Exception as error:
+            ledger.release()
+            if isinstance(error, smtplib.SMTPAuthenticationError):
+                # Configuration, not weather: retrying gives the same answer until someone fixes the credentials.
+                raise EmailDeliveryError(
+                    "The mail server refused the credentials; nothing was sent: fix EMAIL_HOST_USER/PASSWORD.",
+                    code="transport_refused",
+                ) from None
+            raise EmailDeliveryError(
+                "The mail transport could not be reached; nothing was sent: a later attempt sends it.",
+                code="transport_unavailable",
+            ) from _quiet(error)
+        try:
+            sent = backend.send_messages([message])
+        except Exception as error:
+            self.close()  # the session's state is unknown: the next message starts a new one
+            _raise_for_send_failure(error, ledger)
+        if not sent:
+            ledger.release()
+            raise EmailDeliveryError(
+                "The mail transport refused the message; nothing was sent.", code="transport_refused"
+            )
+
+
+def _connect(backend: Any, seconds: float) -> None:
+    """Open the backend's connection, or make sure the open one still answers; bound its socket by ``seconds``."""
+    if hasattr(backend, "timeout"):
+        backend.timeout = seconds
+    session = getattr(backend, "connection", None)
+    if isinstance(session, smtplib.SMTP) and session.sock is not None:
+        try:
+            session.sock.settimeout(seconds)
+            if session.noop()[0] == 250:
+                return
+        except (smtplib.SMTPException, OSError):
+            pass
+        try:
+            backend.close()
+        except Exception:  # noqa: S110 - the connection is already gone
+            pass
+    backend.open()
+
+
+def mailer_for(ctx: JobContext) -> Mailer:
+    """Return ``ctx.mail`` for a job that declares ``mailer``; refuse for one that does not."""
+    if ctx.job.mailer is None:
+        raise CapabilityRefused(
+            f"Job '{ctx.job.name}' has no ctx.mail: declare @cron(..., mailer='installation') "
+            "(Django's EMAIL_BACKEND) or mailer='own' (the OWN_MAIL_SENDER factory).",
+            missing="mailer",
+        )
+    return Mailer(job_name=ctx.job.name, mailer=ctx.job.mailer, mode=ctx.mail_mode, signal=ctx.signal)
+
+
+def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
+    """Raise the EmailDeliveryError for a failed send: not_sent where the server refused, unknown otherwise."""
+    if _deferred(error):
+        # A 4xx (a per-connection message limit, greylisting, a full queue): the server kept nothing, try later.
+        ledger.release()
+        raise EmailDeliveryError(
+            "The server deferred the message; nothing was sent: a later attempt sends it.",
+            code="transport_deferred",
+        ) from None
+    refusals: list[tuple[type[Exception], str, str]] = [
+        (smtplib.SMTPRecipientsRefused, "recipient_refused", "The server refused every recipient"),
+        (smtplib.SMTPSenderRefused, "sender_refused", "The server refused the sending address"),
+    ]
+    for kind, code, text in refusals:
+        if isinstance(error, kind):
+            ledger.release()
+            raise EmailDeliveryError(f"{text}; nothing was sent.", code=code) from _quiet(error)
+    if isinstance(error, smtplib.SMTPDataError):
+        ledger.release()
+        raise EmailDeliveryError("The server rejected the message; nothing was sent.", code="message_rejected") from (
+            _quiet(error)
+        )
+    # The connection broke or timed out mid-call: the message may have left.
+    ledger.unknown()
+    raise EmailDeliveryError(
+        f"The transport failed during the send ({type(error).__name__}); the message may have left.",
+        code="transport_failed",
+        outcome="unknown",
+    ) from _quiet(error)
+
+
+def _deferred(error: Exception) -> bool:
+    """Whether the server answered MAIL, every RCPT, or the data with a temporary (4xx) code."""
+    if isinstance(error, smtplib.SMTPSenderRefused | smtplib.SMTPDataError):
+        return 400 <= error.smtp_code < 500
+    if isinstance(error, smtplib.SMTPRecipientsRefused) and error.recipients:
+        return all(400 <= answer[0] < 500 for answer in error.recipients.values())
+    return False
+
+
+def _quiet(error: BaseException) -> BaseException | None:
+    """Chain only errors whose text quotes no address (SMTP replies can echo one)."""
+    return None if isinstance(error, smtplib.SMTPException) else error
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise EmailDeliveryError(
+            "The idempotency key must be 1 to 200 visible ASCII characters, derived from the row "
+            "(e.g. f'outbox-mail-{row.pk}'), never random.",
+            code="invalid_idempotency_key",
+        )
+    return key
+
+
+def _key_hash(key: str) -> str:
+    return hashlib.sha256(f"{settings.ENVIRONMENT or ''}\0{key}".encode()).hexdigest()
+
+
+def _accepted_id(message: EmailMultiAlternatives) -> str:
+    # A provider backend (django-anymail) answers its own id; the Message-ID is everyone else's.
+    status = getattr(message, "anymail_status", None)
+    provider_id = getattr(status, "message_id", None)
+    if isinstance(provider_id, str) and provider_id:
+        return provider_id
+    return str(message.extra_headers.get("Message-ID", "")).strip("<>")
+
+
+class _Ledger:
+    """The SentMail row of one key: reserved before the send, accepted after it, freed when nothing left."""
+
+    def __init__(self, key_hash: str, content_hash: str) -> None:
+        self.key_hash = key_hash
+        self.content_hash = content_hash
+
+    def reserve(self, provider: str, *, deduplicates: bool) -> SendResult | None:
+        """Mark the key ``sending``; answer the earlier acceptance instead, or refuse, when it was used."""
+        from .models import SentMail
+
+        for _ in range(3):  # a concurrent try can move the row between the read and the write
+            if self._insert_sending(provider):
+                return None
+            row = SentMail.objects.filter(key_hash=self.key_hash).first()
+            if row is None:
+                continue  # freed meanwhile: reserve again
+            if row.content_hash != self.content_hash:
+                raise EmailDeliveryError(
+                    "This idempotency key was used for another message: derive a key per message "
+                    "(a new row, a new key), never reuse one for changed content.",
+                    code="idempotency_conflict",
+                )
+            if row.state == "accepted":
+                return SendResult(status="accepted", provider=row.provider, message_id=row.message_id)
+            if row.state == "sending" and not deduplicates:
+                # An earlier try started this send and never recorded its end: it died during the call, or is
+                # in it now. Only the transport knows whether the message left, and it cannot tell us.
+                self._move("sending", "unknown")
+                raise EmailDeliveryError(
+                    "An earlier try of this message ended during the send: it may have left. Check, then "
+                    "requeue the row to send it again.",
+                    code="outcome_unknown",
+                    outcome="unknown",
+                )
+            if row.state == "sending" or self._move(row.state, "sending"):
+                # The transport deduplicates (ask it again), or a person requeued an unknown one: send.
+                return None
+        raise EmailDeliveryError(
+            "Another try is sending this message right now: a later run answers its outcome.",
+            code="outcome_unknown",
+            outcome="unknown",
+        )
+
+    def _insert_sending(self, provider: str) -> bool:
+        """Insert the key's row as ``sending``; False when the key has a row already. One statement, no exception.
+
+        PostgreSQL and SQLite say so with ``ON CONFLICT DO NOTHING RETURNING``; other databases take the
+        IntegrityError path inside a savepoint.
+        """
+        from django.db import connections, router
+        from django.utils import timezone
+
+        from .models import SentMail
+
+        alias = router.db_for_write(SentMail)
+        connection = connections[alias]
+        with framework_write():
+            if connection.vendor in ("postgresql", "sqlite"):
+                table = connection.ops.quote_name(SentMail._meta.db_table)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"INSERT INTO {table} (key_hash, content_hash, state, provider, message_id, created) "  # noqa: S608
+                        "VALUES (%s, %s, 'sending', %s, '', %s) ON CONFLICT (key_hash) DO NOTHING RETURNING key_hash",
+                        [
+                            self.key_hash,
+                            self.content_hash,
+                            provider,
+                            connection.ops.adapt_datetimefield_value(timezone.now()),
+                        ],
+                    )
+                    return cursor.fetchone() is not None
+            try:
+                with transaction.atomic(using=alias):
+                    SentMail.objects.using(alias).create(
+                        key_hash=self.key_hash, content_hash=self.content_hash, state="sending", provider=provider
+                    )
+                return True
+            except IntegrityError:
+                return False
+
+    def accepted(self, result: SendResult) -> None:
+        from django.utils import timezone
+
+        from .models import SentMail
+
+        with framework_write():  # one statement: its own transaction
+            SentMail.objects.filter(key_hash=self.key_hash).update(
+                state="accepted", provider=result.provider, message_id=result.message_id, accepted=timezone.now()
+            )
+
+    def unknown(self) -> None:
+        self._move("sending", "unknown")
+
+    def release(self) -> None:
+        """Forget the reservation: the message did not leave, so the next try sends it afresh."""
+        from .models import SentMail
+
+        with framework_write():
+            SentMail.objects.filter(key_hash=self.key_hash, state="sending", content_hash=self.content_hash).delete()
+
+    def _move(self, old: str, new: str) -> bool:
+        from .models import SentMail
+
+        with framework_write():
+            return bool(SentMail.objects.filter(key_hash=self.key_hash, state=old).update(state=new))

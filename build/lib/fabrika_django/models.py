@@ -1,0 +1,265 @@
+"""Queue tables (the abstract ``QueueModel``) and fabrika's own tables: jobs, leases, attempts, sent mail."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from django.db import models, router, transaction
+from django.db.models import Q
+from django.db.models.deletion import Collector
+from django.db.models.signals import class_prepared
+from django.dispatch import receiver
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .exceptions import VersionConflict
+from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, _now, _refuse_own_fields, _update_row, max_attempts_of
+
+FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
+
+
+class QueueModel(models.Model):
+    """A table whose rows are work: mix it into a model, claim its rows in a job.
+
+    A row is *waiting* while ``due`` is set and its attempts are below ``Queue.max_attempts``, *dead* once
+    they reach it, and *done* when ``due`` is null. Optional options::
+
+        class Queue:
+            max_attempts = 5    # default 10
+    """
+
+    attempts = models.PositiveIntegerField(_("attempts"), default=0, editable=False)
+    due = models.DateTimeField(_("due"), null=True, blank=True, default=timezone.now, editable=False)
+    version = models.PositiveIntegerField(_("version"), default=0, editable=False)
+    last_failure = models.CharField(_("last failure"), max_length=64, blank=True, default="", editable=False)
+
+    objects = QueueManager()
+
+    class Meta:
+        abstract = True
+
+    class Queue:
+        max_attempts = DEFAULT_MAX_ATTEMPTS
+
+    @property
+    def state(self) -> str:
+        """Return ``"waiting"``, ``"dead"`` or ``"done"``."""
+        if self.due is None:
+            return "done"
+        return "dead" if self.attempts >= max_attempts_of(type(self)) else "waiting"
+
+    @property
+    def is_due_now(self) -> bool:
+        """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
+        return self.state == "waiting" and self.due is not None and self.due <= _now()
+
+    def finish(self, **values: Any) -> None:
+        """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""
+        _refuse_own_fields("finish", values)
+        self._write_versioned(dict(values, due=None))
+
+    def requeue(self, at: datetime | None = None) -> None:
+        """Make the row due again at ``at`` (now by default) with no attempts, if it is unchanged.
+
+        "Now" is the run's clock inside a job run (a test's fixed one), the wall clock elsewhere (the admin).
+        """
+        self._write_versioned({"due": at if at is not None else _now(), "attempts": 0})
+
+    def record_failure(self, code: str, *, give_up: bool = False) -> None:
+        """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message.
+
+        ``give_up=True`` also makes the row dead at once (its attempts reach ``max_attempts``): for a failure no
+        retry can fix, such as a refused message; a person requeues it from the admin.
+        """
+        if not isinstance(code, str) or not FAILURE_CODE.fullmatch(code):
+            # The value is not quoted back: a wrong code is often an error's message, which can quote a user's data.
+            raise ValueError(
+                "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
+                "naming the step (e.g. 'send'), never an error message."
+            )
+        values: dict[str, Any] = {"last_failure": code}
+        if give_up:
+            values["attempts"] = max(self.attempts, max_attempts_of(type(self)))
+        self._write_versioned(values)
+
+    def remove(self) -> None:
+        """Delete the row, if it is unchanged since it was read."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        mine = type(self)._base_manager.using(using).filter(pk=self.pk, version=self.version)
+        if Collector(using, origin=self).can_fast_delete(mine):
+            deleted, _rows = mine.delete()  # one DELETE ... WHERE pk AND version
+        else:
+            # Cascades and delete signals make Django read the row before it deletes it by pk: lock it in that
+            # read, so the version checked there still holds when the DELETE comes.
+            with transaction.atomic(using=using):
+                deleted, _rows = mine.select_for_update().delete()
+        if not deleted:
+            raise self._conflict()
+
+    def _write_versioned(self, values: dict[str, Any]) -> None:
+        """Write ``values`` and the next version in one UPDATE conditioned on the version read."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        if not _update_row(type(self), using, self.pk, self.version, values):
+            raise self._conflict()
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.version += 1
+
+    def _conflict(self) -> VersionConflict:
+        return VersionConflict(
+            f"{self._meta.label} {self.pk} changed since it was read (version {self.version}): nothing was written. "
+            "Re-read it with select_for_update() inside ctx.transaction() and decide again."
+        )
+
+
+@receiver(class_prepared)
+def _add_partial_due_index(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give every concrete queue model an index on ``(due, pk)`` covering only waiting and dead rows."""
+    if not issubclass(sender, QueueModel) or sender._meta.abstract or sender._meta.proxy:
+        return
+    fields = ["due", sender._meta.pk.name]  # claim's order: oldest due, then pk
+    named = models.Index(fields=fields)
+    named.set_name_with_model(sender)  # Django's own short, stable naming
+    if any(index.name == named.name for index in sender._meta.indexes):
+        return
+    # Done rows (due null) are most of a busy table and never looked up by due.
+    partial = models.Index(fields=fields, name=named.name, condition=Q(due__isnull=False))
+    sender._meta.indexes = [*sender._meta.indexes, partial]
+    # Migrations read a model's indexes only when its Meta declared some.
+    sender._meta.original_attrs["indexes"] = sender._meta.indexes
+
+
+class Outcome(models.TextChoices):
+    """How an attempt ended; every failure is a fixed code."""
+
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    HANDLER_FAILED = "handler_failed", _("handler failed")
+    TIMED_OUT = "timed_out", _("timed out")
+    LEASE_LOST = "lease_lost", _("lease lost")
+    SHUTDOWN = "shutdown", _("worker shut down")
+    CRASHED = "crashed", _("crashed (holder vanished)")
+    WRITE_OUTSIDE_TRANSACTION = "write_outside_transaction", _("write outside transaction")
+    CLAIM_INSIDE_TRANSACTION = "claim_inside_transaction", _("claim inside transaction")
+    CLAIM_OUTSIDE_JOB = "claim_outside_job", _("claim outside job")
+    UNDECLARED_KICK = "undeclared_kick", _("undeclared kick")
+    CAPABILITY_REFUSED = "capability_refused", _("capability refused")
+    MAIL_NOT_CONFIGURED = "mail_not_configured", _("mail not configured")
+
+
+class Trigger(models.TextChoices):
+    SCHEDULE = "schedule", _("schedule")
+    KICK = "kick", _("kick")
+    MANUAL = "manual", _("manual")
+
+
+class Job(models.Model):
+    """One row per cron job: the pending flag, the next scheduled fire, and the last run's summary.
+
+    Starting and ending a run lock this row, so a kick that arrives as a run ends is never lost.
+    """
+
+    name = models.CharField(_("name"), max_length=100, primary_key=True)
+    pending_since = models.DateTimeField(_("pending since"), null=True, blank=True)
+    next_fire = models.DateTimeField(_("next fire"), null=True, blank=True)
+    last_run_id = models.UUIDField(_("last run"), null=True, blank=True)
+    last_trigger = models.CharField(_("last trigger"), max_length=16, blank=True, choices=Trigger.choices)
+    last_outcome = models.CharField(_("last outcome"), max_length=64, blank=True)
+    last_started = models.DateTimeField(_("last started"), null=True, blank=True)
+    last_finished = models.DateTimeField(_("last finished"), null=True, blank=True)
+    last_success = models.DateTimeField(_("last success"), null=True, blank=True)
+    failures_in_row = models.PositiveIntegerField(_("failures in a row"), default=0)
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Overview(Job):
+    """No table of its own: the entry of the admin's overview of every queue and job in the admin index."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
+
+
+class Lease(models.Model):
+    """The lease of a job's active attempt: token, holder and expiry.
+
+    ``token`` is unique on purpose: on PostgreSQL an UPDATE of a uniquely indexed column takes the row's
+    FOR UPDATE lock, which waits for the FOR KEY SHARE lock that ``ctx.transaction()`` holds, while a renewal
+    (an UPDATE of ``expires`` alone) does not. So a lease is never taken over under an open fenced
+    transaction, and renewing never waits for one.
+    """
+
+    job = models.CharField(_("job"), max_length=100, primary_key=True)
+    token = models.UUIDField(_("token"), null=True, blank=True, unique=True)
+    holder = models.CharField(_("holder"), max_length=200, blank=True)
+    run_id = models.UUIDField(_("run"), null=True, blank=True)
+    attempt = models.PositiveIntegerField(_("attempt"), default=0)
+    expires = models.DateTimeField(_("expires"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("lease")
+        verbose_name_plural = _("leases")
+
+    def __str__(self) -> str:
+        return f"{self.job} ({self.holder or 'free'})"
+
+
+class Attempt(models.Model):
+    """One attempt of a run: when, how it ended, and where it failed; never the exception's message by default."""
+
+    job = models.CharField(_("job"), max_length=100, db_index=True)
+    run_id = models.UUIDField(_("run"), db_index=True)
+    trigger = models.CharField(_("trigger"), max_length=16, choices=Trigger.choices)
+    number = models.PositiveIntegerField(_("attempt"))
+    holder = models.CharField(_("holder"), max_length=200, blank=True)
+    started = models.DateTimeField(_("started"), default=timezone.now, db_index=True)
+    finished = models.DateTimeField(_("finished"), null=True, blank=True)
+    outcome = models.CharField(_("outcome"), max_length=64, default=Outcome.RUNNING, choices=Outcome.choices)
+    error_class = models.CharField(_("exception class"), max_length=200, blank=True)
+    frames = models.TextField(_("frames"), blank=True, help_text=_("file:line of each frame, innermost last"))
+    message = models.TextField(_("message"), blank=True, help_text=_("kept only when STORE_ERROR_MESSAGES is on"))
+
+    class Meta:
+        verbose_name = _("attempt")
+        verbose_name_plural = _("attempts")
+        ordering = ["-started", "-id"]
+        indexes = [models.Index(fields=["job", "-started"], name="fabrika_attempt_job_started")]
+
+    def __str__(self) -> str:
+        return f"{self.job} #{self.number} {self.outcome}"
+
+    @property
+    def duration(self):
+        return self.finished - self.started if self.finished else None
+
+
+class SentMail(models.Model):
+    """The idempotency ledger of ``ctx.mail``: one row per key, with a hash of what was sent under it.
+
+    Keys and content are stored only as SHA-256 hashes: the ledger holds no address, key or message.
+    """
+
+    key_hash = models.CharField(_("key hash"), max_length=64, primary_key=True)
+    content_hash = models.CharField(_("content hash"), max_length=64)
+    state = models.CharField(_("state"), max_length=16, default="sending")
+    provider = models.CharField(_("provider"), max_length=100, blank=True)
+    message_id = models.CharField(_("message id"), max_length=255, blank=True)
+    created = models.DateTimeField(_("created"), default=timezone.now)
+    accepted = models.DateTimeField(_("accepted"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("sent mail")
+        verbose_name_plural = _("sent mail")
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.state}"

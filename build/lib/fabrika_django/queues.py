@@ -1,0 +1,349 @@
+"""``QueueQuerySet`` / ``QueueManager``: the state filters, ``claim()`` which leases due rows, and
+``finish_all()`` which finishes many claimed rows in one statement."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from functools import reduce
+from operator import or_
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.exceptions import FieldDoesNotExist
+from django.db import connections, models, router, transaction
+from django.db.models import F, Q
+from django.db.models.sql import UpdateQuery
+from django.utils import timezone
+
+from ._running import active_run, framework_write
+from .backoff import row_backoff
+from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from ._running import ActiveRun
+
+DEFAULT_MAX_ATTEMPTS = 10
+MAX_CLAIM = 500
+# The fields the framework writes itself: finish() clears due, requeue() resets attempts, every write bumps version.
+_OWN_FIELDS = frozenset({"attempts", "due", "version"})
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+def max_attempts_of(model: type[models.Model]) -> int:
+    """Return the model's ``Queue.max_attempts`` (10 when it declares none)."""
+    return int(getattr(getattr(model, "Queue", None), "max_attempts", DEFAULT_MAX_ATTEMPTS))
+
+
+def _now() -> datetime:
+    """Return the active run's clock (a test's fixed one), or the wall clock outside a run."""
+    run = active_run()
+    return run.now() if run is not None else timezone.now()
+
+
+class QueueQuerySet(models.QuerySet[_M]):
+    """Rows of a queue table. The state filters narrow; ``claim()`` and ``finish_all()`` act."""
+
+    def waiting(self) -> QueueQuerySet[_M]:
+        """Narrow to rows with ``due`` set and attempts below the model's ``max_attempts``."""
+        return self.filter(due__isnull=False, attempts__lt=max_attempts_of(self.model))
+
+    def due_now(self, now: datetime | None = None) -> QueueQuerySet[_M]:
+        """Narrow to waiting rows whose ``due`` has come (by ``now``, the run's clock by default)."""
+        return self.waiting().filter(due__lte=now or _now())
+
+    def dead(self) -> QueueQuerySet[_M]:
+        """Narrow to rows that reached ``max_attempts``: never claimed again, kept for a person to requeue."""
+        return self.filter(due__isnull=False, attempts__gte=max_attempts_of(self.model))
+
+    def done(self) -> QueueQuerySet[_M]:
+        """Narrow to rows whose ``due`` is null."""
+        return self.filter(due__isnull=True)
+
+    def claim(self, limit: int = 50, where: Q | None = None) -> list[_M]:
+        """Lease up to ``limit`` due rows and return them with their new attempts, due and version.
+
+        Terminal. Takes the oldest due rows first (then by pk), skipping rows another session holds, in a
+        short transaction of its own: two statements however many rows (three on SQLite, which takes its
+        write lock first). Each claimed row gets one more attempt, a new version, and ``due`` moved by the
+        backoff, so a crash leaves it due again later. Runs only inside a job run, never inside
+        ``ctx.transaction()``.
+        """
+        run = _refuse_bad_claim(limit, where)
+        using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
+        connection = connections[using]
+        now = run.now()
+        # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
+        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by("due", "pk").defer("due")
+        with framework_write(), transaction.atomic(using=using):
+            rows = list(_locked(rows_qs, connection)[:limit])
+            if rows:
+                _lease(self.model, using, rows, run, now)
+        return rows
+
+    def finish_all(self, rows: Iterable[_M], /, **values: Any) -> list[_M]:
+        """Finish many claimed rows in one statement; return the rows that changed since (the conflicts).
+
+        Acts. Like ``row.finish(**values)`` for each row: writes ``values``, clears ``due`` and bumps the
+        version, each row checked against the version it was claimed or read with. A row that changed
+        since is left untouched and returned; every other row is written, and its object mirrors what was
+        written (``due`` None, the next version, ``values``). Nothing is half-written: one UPDATE of the rows
+        whose version still matches (on backends without UPDATE ... RETURNING: a locking read, then that
+        UPDATE, in one transaction). Call it inside ``ctx.transaction()``, as ``finish()``.
+        """
+        batch = list(rows)
+        _refuse_own_fields("finish_all", values)
+        _refuse_bad_batch(self.model, batch)
+        if not batch:
+            return []
+        using = self.db if self._db_given() else router.db_for_write(self.model)
+        written = _update_versioned(self.model, using, batch, dict(values, due=None))
+        keys = _db_pks(self.model, connections[using], [row.pk for row in batch])
+        conflicts = []
+        for row, key in zip(batch, keys, strict=True):
+            if key in written:
+                for name, value in values.items():
+                    setattr(row, name, value)
+                row.due = None  # type: ignore[attr-defined]
+                row.version += 1  # type: ignore[attr-defined]
+            else:
+                conflicts.append(row)
+        return conflicts
+
+    def _db_given(self) -> bool:
+        """Return whether the queryset was given a database (``using()``); else the router picks the writer."""
+        return getattr(self, "_db", None) is not None
+
+
+class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
+    """The manager of a queue table; a model's own manager must derive from it."""
+
+
+def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CLAIM:
+        raise ValueError(f"claim(limit={limit!r}) is out of bounds: give a whole number from 1 to {MAX_CLAIM}.")
+    if where is not None and not isinstance(where, Q):
+        raise TypeError(f"claim(where={type(where).__name__}) is not a Q: give e.g. where=Q(kind='welcome').")
+    run = active_run()
+    if run is None:
+        raise ClaimOutsideJob(
+            "claim() runs only inside a job run: call it from a @cron job's handler "
+            "(or run_job() in tests); outside a job, read rows with the state filters such as due_now()."
+        )
+    if run.in_transaction:
+        raise ClaimInsideTransaction(
+            "claim() runs in a short transaction of its own and cannot run inside ctx.transaction(): "
+            "claim before the work, then finish each row inside its own ctx.transaction()."
+        )
+    return run
+
+
+def _refuse_own_fields(method: str, values: dict[str, Any]) -> None:
+    clash = _OWN_FIELDS.intersection(values)
+    if clash:
+        raise TypeError(
+            f"{method}() sets {', '.join(sorted(clash))} itself: pass only your own fields, "
+            "or use requeue(at=...) to make a row due again."
+        )
+
+
+def _refuse_bad_batch(model: type[models.Model], batch: list[Any]) -> None:
+    seen = set()
+    for row in batch:
+        if not isinstance(row, model):
+            raise TypeError(
+                f"finish_all() got a {type(row).__name__}, not a {model._meta.label} row: "
+                f"finish each model's rows through its own manager."
+            )
+        if row.pk is None or row.pk in seen:
+            raise ValueError(
+                f"finish_all() got {'an unsaved row' if row.pk is None else f'row {row.pk} twice'}: "
+                "pass each claimed row once."
+            )
+        seen.add(row.pk)
+
+
+def _locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> QueueQuerySet[Any]:
+    """Lock the rows a claim reads, skipping those another session holds, as far as the backend can.
+
+    Without row locks (SQLite) the claim takes the database write lock before it reads, so a second
+    claimer waits for the first to commit instead of reading the same rows.
+    """
+    features = connection.features
+    if features.has_select_for_update_skip_locked:
+        # OF keeps a where=Q(...) across a relation from locking the related rows too.
+        of = ("self",) if features.has_select_for_update_of else ()
+        return rows.select_for_update(skip_locked=True, of=of)
+    if features.has_select_for_update:
+        return rows.select_for_update()  # correct, though a claimer then waits for rows another holds
+    _take_write_lock(rows.model, connection)
+    return rows
+
+
+def _take_write_lock(model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+    """Take SQLite's database write lock now, in the open transaction (a write that matches nothing does)."""
+    table, version = _quoted(connection, model, "version")
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {version} = {version} WHERE 1 = 0")  # noqa: S608  quoted names
+
+
+# The statements below are claim's and finish's hot path: they are written here, not by the ORM, because
+# compiling an UPDATE (and, for a batch, a condition on 500 pks) cost more than running it. They write exactly
+# what QuerySet.update() would; anything unusual (an expression, a parent model's field) goes to the ORM.
+
+
+def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRun, now: datetime) -> None:
+    """Add an attempt, a version and the backoff to every row in one UPDATE, and mirror it on the objects."""
+    period = run.job.period
+    due_by_attempts = {attempts: now + row_backoff(period, attempts + 1) for attempts in {row.attempts for row in rows}}
+    connection = connections[using]
+    due_field: Any = model._meta.get_field("due")
+    prepare = due_field.get_db_prep_save
+    table, attempts_c, due_c, version_c, pk_c = _quoted(connection, model, "attempts", "due", "version", "pk")
+    if len(due_by_attempts) == 1:
+        due_sql, params = "%s", [prepare(next(iter(due_by_attempts.values())), connection)]
+    else:
+        # The rows are locked (SQLite: the database is), so their attempts are still what was read.
+        due_sql = f"CASE {attempts_c}{' WHEN %s THEN %s' * len(due_by_attempts)} END"
+        params = [value for attempts, due in due_by_attempts.items() for value in (attempts, prepare(due, connection))]
+    in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, [row.pk for row in rows]))
+    sql = (
+        f"UPDATE {table} SET {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1, {due_c} = {due_sql} "  # noqa: S608
+        f"WHERE {in_sql}"
+    )
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *in_params])
+    for row in rows:
+        row.due = due_by_attempts[row.attempts]
+        row.attempts += 1
+        row.version += 1
+
+
+def _update_row(model: type[models.Model], using: str, pk: Any, version: int, values: dict[str, Any]) -> bool:
+    """Write ``values`` and the next version to the row if its version is still ``version``: one UPDATE."""
+    connection = connections[using]
+    assigned = _assignments(model, connection, values)
+    if assigned is None:
+        mine = model._base_manager.using(using).filter(pk=pk, version=version)
+        return bool(mine.update(**values, version=version + 1))
+    parts, params = assigned
+    table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+    sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = %s WHERE {pk_c} = %s AND {version_c} = %s"  # noqa: S608
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, version + 1, *_db_pks(model, connection, [pk]), version])
+        return cursor.rowcount == 1
+
+
+def _update_versioned(model: type[models.Model], using: str, rows: list[Any], values: dict[str, Any]) -> set[Any]:
+    """Write ``values`` and the next version to each row whose version is still the one read.
+
+    Returns the written rows' pks as the database answers them (``_db_pks``).
+    """
+    by_version: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_version[row.version].append(row.pk)
+    connection = connections[using]
+    assigned = _assignments(model, connection, values)
+    if assigned is not None and _can_update_returning(connection):
+        parts, params = assigned
+        table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+        # Rows claimed together share a version or a few, so this stays a short condition, not one per row.
+        conditions = []
+        for version, pks in by_version.items():
+            in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, pks))
+            conditions.append(f"({version_c} = %s AND {in_sql})")
+            params += [version, *in_params]
+        sql = (
+            f"UPDATE {table} SET {', '.join(parts)}, {version_c} = {version_c} + 1 "  # noqa: S608
+            f"WHERE {' OR '.join(conditions)} RETURNING {pk_c}"
+        )
+        with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
+    unchanged = reduce(or_, (Q(version=version, pk__in=pks) for version, pks in by_version.items()))
+    matching = model._base_manager.using(using).filter(unchanged)
+    values = dict(values, version=F("version") + 1)
+    if _can_update_returning(connection):
+        query: Any = matching.query.chain(UpdateQuery)
+        query.add_update_values(values)
+        if not query.related_updates:  # a field of a parent model (multi-table inheritance) needs two UPDATEs
+            sql, params = query.get_compiler(using).as_sql()
+            pk_column = connection.ops.quote_name(str(model._meta.pk.column))
+            with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+                cursor.execute(f"{sql} RETURNING {pk_column}", params)
+                return {row[0] for row in cursor.fetchall()}
+    with transaction.atomic(using=using):
+        locked = _locked_for_update(matching, connection)
+        pks = list(locked.values_list("pk", flat=True))
+        if pks:
+            model._base_manager.using(using).filter(pk__in=pks).update(**values)
+    return set(_db_pks(model, connection, pks))
+
+
+def _assignments(
+    model: type[models.Model], connection: BaseDatabaseWrapper, values: dict[str, Any]
+) -> tuple[list[str], list[Any]] | None:
+    """Return ``column = %s`` parts and their prepared values, or None where the ORM must write (see above)."""
+    opts = model._meta
+    parts, params = [], []
+    for name, value in values.items():
+        try:
+            field: Any = opts.get_field(name)
+        except FieldDoesNotExist:
+            return None
+        if (
+            not field.concrete
+            or field.many_to_many
+            or field.model._meta.concrete_model is not opts.concrete_model
+            or hasattr(value, "resolve_expression")
+        ):
+            return None
+        if value is not None and field.remote_field and hasattr(value, "prepare_database_save"):
+            value = value.prepare_database_save(field)
+        parts.append(f"{connection.ops.quote_name(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    return parts, params
+
+
+def _quoted(connection: BaseDatabaseWrapper, model: type[models.Model], *names: str) -> list[str]:
+    """Return the model's quoted table name, then the quoted column of each field named ("pk" too)."""
+    opts = model._meta
+    fields: list[Any] = [opts.pk if name == "pk" else opts.get_field(name) for name in names]
+    return [connection.ops.quote_name(opts.db_table), *(connection.ops.quote_name(f.column) for f in fields)]
+
+
+def _pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[Any]) -> tuple[str, list[Any]]:
+    """Return ``column`` in ``pks`` as SQL and parameters."""
+    if connection.vendor == "postgresql":
+        # One array parameter, not a placeholder a row: psycopg's client-side binding parses a statement of
+        # 500 placeholders again on every execution, which costs more than PostgreSQL takes to run it.
+        return f"{column} = ANY(%s)", [pks]
+    return f"{column} IN ({', '.join(['%s'] * len(pks))})", pks
+
+
+def _db_pks(model: type[models.Model], connection: BaseDatabaseWrapper, pks: list[Any]) -> list[Any]:
+    """Return ``pks`` as the database takes and answers them (integers as they are)."""
+    field = model._meta.pk
+    if isinstance(field, models.IntegerField):
+        return list(pks)
+    return [field.get_db_prep_value(pk, connection) for pk in pks]
+
+
+def _locked_for_update(rows: models.QuerySet[Any], connection: BaseDatabaseWrapper) -> models.QuerySet[Any]:
+    if connection.features.has_select_for_update:
+        return rows.select_for_update()
+    _take_write_lock(rows.model, connection)
+    return rows
+
+
+def _can_update_returning(connection: BaseDatabaseWrapper) -> bool:
+    # Django has no feature flag for UPDATE ... RETURNING (can_return_columns_from_insert is true on MariaDB,
+    # which has INSERT ... RETURNING but no UPDATE ... RETURNING), so this one asks the vendor.
+    if connection.vendor == "postgresql":
+        return True
+    if connection.vendor == "sqlite":
+        return bool(connection.Database.sqlite_version_info >= (3, 35))  # type: ignore[attr-defined]
+    return False

@@ -1,0 +1,419 @@
+"""The long-running worker: fires schedules once across all workers, takes kicks, runs jobs, stops cleanly.
+
+One loop thread decides, a fixed set of runner threads run (each keeps its database connection between
+runs, so a kicked run starts without connecting), and on PostgreSQL a listener thread hears kicks
+(``_listen.Listener``). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
+every poll and after every (re)connection, so nothing a worker missed while away is lost.
+
+- A kick sets the job's pending flag; a run that starts clears it. A job whose lease another live run holds
+  is left alone: that run sees the flag when it ends and runs once more (the runner's ``_end``).
+- A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
+  fire is taken by exactly one worker, and fires missed while no worker ran collapse into one run.
+- A lease that expired with a token is a holder that vanished (SIGKILL): its job is run, which takes the
+  lease over and resumes the cut-off run (the runner).
+- SIGTERM/SIGINT set the stop event every run watches (its attempt aborts with ``ctx.signal.reason ==
+  "shutdown"`` and releases its lease); an interrupted run is handed to the other workers as a kick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import Error as DatabaseError
+from django.db import connection
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import runner
+from ._handlers import handler_threads
+from ._listen import Backoff, Listener, listen_alias
+from ._process import configure_logging, stop_signals
+from .conf import settings
+from .jobs import CronJob, registry
+from .kicks import request_run
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONCURRENCY = 4
+#: Seconds a stopping worker waits for its runs to end (their attempts are aborted at once).
+DEFAULT_GRACE = 10.0
+
+
+class Worker:
+    """Run the project's jobs until stopped: ``Worker(concurrency=4, only=None).run()``.
+
+    ``only``: the names of the jobs to serve (all by default). ``verbosity``: as Django's (0 warnings only,
+    1 one line per run start and end, 2 and more debug). ``clock``: the time schedules are measured by
+    (tests move it). ``grace``: seconds a stop waits for running attempts. ``install_signals``: handle
+    SIGTERM/SIGINT (only possible in the main thread).
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        only: Iterable[str] | None = None,
+        verbosity: int | None = None,
+        stdout: Any = None,
+        clock: Callable[[], datetime] | None = None,
+        grace: float = DEFAULT_GRACE,
+        install_signals: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency={concurrency!r} is not valid: give 1 or more.")
+        jobs = [registry.get(name) for name in only] if only is not None else list(registry)
+        self.jobs: dict[str, CronJob] = {job.name: job for job in jobs}
+        self.concurrency = concurrency
+        self.verbosity = verbosity
+        self.grace = grace
+        self.install_signals = install_signals
+        self._clock = clock
+        self._now = clock or timezone.now
+        self._stop = threading.Event()
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._running: set[str] = set()
+        # Jobs whose run failed in the database (job -> holder): their lease may still be held, by nobody.
+        self._orphans: dict[str, str] = {}
+        self._runners: list[threading.Thread] = []
+        self._holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # Bumped when a connection was found dead: runner threads then reconnect before their next run.
+        self._epoch = 0
+        self._backoff = Backoff()
+        self._prepared = False
+        self._next_scan = 0.0
+        self._states_sql: tuple[str, Callable[[Any], datetime | None]] | None = None
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stop() or SIGTERM/SIGINT; return once running attempts ended and leases are free."""
+        configure_logging(self.verbosity)
+        alias = listen_alias(settings.LISTEN_DATABASE)
+        listener = None
+        if alias is not None:
+            listener = Listener(
+                alias,
+                self._stop,
+                on_kick=lambda name: self._inbox.put(("kick", name)),
+                on_connect=lambda: self._inbox.put(("scan",)),
+                on_lost=self._connection_lost,
+            )
+        logger.info(
+            "Worker started jobs=%d concurrency=%d wake=%s",
+            len(self.jobs),
+            self.concurrency,
+            "listen" if listener else f"poll:{settings.POLL_INTERVAL}s",
+        )
+        # Stop signals are ours until the runs ended: a second SIGTERM during the grace changes nothing.
+        with stop_signals(self.stop, install=self.install_signals):
+            for index in range(self.concurrency):
+                thread = threading.Thread(target=self._serve, args=(index,), name=f"fabrika-run-{index}", daemon=True)
+                thread.start()
+                self._runners.append(thread)
+            if listener is not None:
+                listener.start()
+            try:
+                self._loop()
+            finally:
+                self._shutdown(listener)
+                logger.info("Worker stopped")
+
+    def stop(self) -> None:
+        """Ask the worker to stop: no new runs, running attempts aborted (safe from any thread or a signal)."""
+        self._stop.set()
+        self._inbox.put(("stop",))
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            timeout = self._next_scan - time.monotonic()
+            if timeout <= 0:
+                self._scan()
+                continue
+            try:
+                message = self._inbox.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            self._handle(message)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "kick":
+            name = message[1]
+            if name not in self.jobs or self._stop.is_set():
+                return
+            if name in self._running or len(self._running) >= self.concurrency:
+                return  # the scan that follows the end of a run sees its pending flag
+            self._dispatch(name, "kick")
+        elif kind == "done":
+            name, failed, holder = message[1], message[2], message[3]
+            self._running.discard(name)
+            if failed:
+                self._orphans[name] = holder
+                self._connection_lost()
+                self._next_scan = time.monotonic() + self._backoff.next()
+            else:
+                # A slot is free and the job may have been kicked meanwhile: look again at once.
+                self._next_scan = 0.0
+        elif kind == "scan":
+            self._next_scan = 0.0
+
+    def _scan(self) -> None:
+        """Read every served job's state in one query; fire what is due, run what is pending or orphaned."""
+        # Polls keep their cadence from the start of each scan, however long the scan took.
+        began = time.monotonic()
+        try:
+            if not self._prepared:
+                self._prepare()
+            if self._orphans:
+                self._release_orphans()
+            states = self._read_states()
+            self._fire_and_dispatch(states)
+        except DatabaseError as exc:
+            pause = self._backoff.next()
+            logger.warning("Database unavailable error=%s retry_in=%.1fs", type(exc).__name__, pause)
+            self._connection_lost()
+            _close_quietly()
+            self._next_scan = time.monotonic() + pause
+            return
+        if self._backoff.failures:
+            logger.info("Database back")
+            self._backoff.reset()
+        wait = self._until_next_scan(states)
+        # A scan slower than the interval does not make the next one follow at once.
+        self._next_scan = max(began + wait, time.monotonic() + wait / 4)
+
+    def _prepare(self) -> None:
+        runner.sync_jobs(list(self.jobs))
+        self._prepared = True
+
+    def _read_states(self) -> dict[str, dict[str, Any]]:
+        if self._states_sql is None:
+            self._states_sql = _states_sql(len(self.jobs))
+        sql, convert_fire = self._states_sql
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(self.jobs))
+            rows = cursor.fetchall()
+        return {
+            name: {
+                "name": name,
+                "pending_since": True if pending else None,
+                "next_fire": convert_fire(fire),
+                "held": bool(held),
+                "orphaned": bool(orphaned),
+            }
+            for name, pending, fire, held, orphaned in rows
+        }
+
+    def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
+        from .models import Job
+
+        now = self._now()
+        for name, state in states.items():
+            job = self.jobs[name]
+            if job.schedule is None or self._stop.is_set():
+                continue
+            fire = state["next_fire"]
+            if fire is None or job.schedule.next_after(fire - _TICK) != fire:
+                # A new job, or its schedule changed: its first fire is the next one from now.
+                fresh = job.schedule.next_after(now)
+                Job.objects.filter(name=name, next_fire=fire).update(next_fire=fresh)
+                state["next_fire"] = fresh
+                continue
+            if fire > now:
+                continue
+            local = name in self._running
+            if not local and len(self._running) >= self.concurrency:
+                continue  # another worker, or this one later, takes the fire
+            # Exactly one worker moves next_fire from the value it read: that one owns this fire.
+            # Fires missed while no worker ran are all behind now: one run makes them up.
+            following = job.schedule.next_after(now)
+            if not Job.objects.filter(name=name, next_fire=fire).update(next_fire=following):
+                continue
+            state["next_fire"] = following
+            logger.debug("Fire job=%s at=%s", name, fire.isoformat())
+            if local:
+                request_run(name)  # a fire during this worker's run: the run goes once more
+            else:
+                self._dispatch(name, "schedule")
+        for name, state in states.items():
+            if self._stop.is_set() or len(self._running) >= self.concurrency:
+                return
+            if name in self._running:
+                continue
+            # Pending under a live lease: its holder runs it once more when it ends.
+            if (state["pending_since"] is not None and not state["held"]) or state["orphaned"]:
+                self._dispatch(name, "kick")
+
+    def _release_orphans(self) -> None:
+        """Free the leases of runs the database cut off in this worker, and run those jobs again.
+
+        Such a run is over (runner.run raised), so nothing of this worker works under its lease: without
+        this, the job would wait for the lease to expire.
+        """
+        from ._running import framework_write
+        from .models import Attempt, Lease, Outcome
+
+        for name, holder in list(self._orphans.items()):
+            held = Lease.objects.filter(job=name, holder=holder, token__isnull=False)
+            run_ids = [run for run in held.values_list("run_id", flat=True) if run is not None]
+            with framework_write():
+                freed = held.update(token=None, holder="", run_id=None, expires=None, attempt=0)
+                # Its attempt never got to record how it ended.
+                Attempt.objects.filter(job=name, run_id__in=run_ids, outcome=Outcome.RUNNING).update(
+                    outcome=Outcome.CRASHED, finished=Now()
+                )
+            if freed:
+                logger.info("Released the lease of a run cut off by the database job=%s", name)
+                request_run(name)
+            del self._orphans[name]
+
+    def _until_next_scan(self, states: dict[str, dict[str, Any]]) -> float:
+        interval = max(0.01, float(settings.POLL_INTERVAL))
+        if self._clock is not None:
+            return interval
+        now = timezone.now()
+        # Fires already due wait for a free slot, and the end of a run scans again anyway.
+        fires = [s["next_fire"] for s in states.values() if s["next_fire"] is not None and s["next_fire"] > now]
+        if fires:
+            interval = min(interval, max(0.0, (min(fires) - now).total_seconds()) + 0.001)
+        return interval
+
+    def _dispatch(self, name: str, trigger: str) -> None:
+        self._running.add(name)
+        self._work.put((name, trigger))
+
+    def _connection_lost(self) -> None:
+        """A connection was found dead: every thread's may be. Runner threads reconnect before their next run."""
+        self._epoch += 1
+        # Idle handler threads keep connections that may be dead too; new ones connect afresh.
+        handler_threads.drain()
+
+    # -- runner threads --------------------------------------------------------------------------------
+
+    def _serve(self, index: int) -> None:
+        holder = f"{self._holder}:{index}"
+        epoch = self._epoch
+        try:
+            while True:
+                item = self._work.get()
+                if item is None:
+                    return
+                name, trigger = item
+                if epoch != self._epoch:
+                    epoch = self._epoch
+                    _close_quietly()
+                self._inbox.put(("done", name, not self._run_one(name, trigger, holder), holder))
+        finally:
+            _close_quietly()
+
+    def _run_one(self, name: str, trigger: str, holder: str) -> bool:
+        """Run the job; return False when the database failed the run's bookkeeping (it is tried again)."""
+        try:
+            # A kick's run serves the pending flag: if another worker's run won the race for the lease, it
+            # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
+            result = runner.run(
+                self.jobs[name],
+                trigger,
+                stop=self._stop,
+                holder=holder,
+                clock=self._clock,
+                mark_pending=trigger != "kick",
+            )
+            if result.outcome == "shutdown":
+                # Stopped before its end: the other workers take it over at once, not after the lease.
+                request_run(name)
+        except DatabaseError as exc:
+            logger.warning("Run could not start or end job=%s error=%s", name, type(exc).__name__)
+            _close_quietly()
+            return False
+        except Exception as exc:
+            # The class only: an exception's message can quote a value.
+            logger.error("Run failed in the framework job=%s error=%s", name, type(exc).__name__)
+            return False
+        return True
+
+    # -- stopping --------------------------------------------------------------------------------------
+
+    def _shutdown(self, listener: Listener | None) -> None:
+        self._stop.set()
+        for _ in self._runners:
+            self._work.put(None)
+        deadline = time.monotonic() + self.grace
+        for thread in self._runners:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [thread for thread in self._runners if thread.is_alive()]
+        if stuck:
+            self._release_leases()
+        if listener is not None:
+            listener.join(2.0)
+        handler_threads.drain()
+        _close_quietly()
+
+    def _release_leases(self) -> None:
+        """Free the leases of runs that did not end within the grace, and hand their jobs to other workers."""
+        from ._running import framework_write
+        from .models import Lease
+
+        try:
+            with framework_write():
+                held = Lease.objects.filter(holder__startswith=f"{self._holder}:", token__isnull=False)
+                names = list(held.values_list("job", flat=True))
+                held.update(token=None, holder="", run_id=None, expires=None, attempt=0)
+            for name in names:
+                request_run(name)
+            logger.warning("Released leases of runs that outlived the grace jobs=%s", ",".join(names) or "-")
+        except DatabaseError as exc:
+            logger.warning("Could not release leases error=%s: they expire on their own", type(exc).__name__)
+
+
+_TICK = timedelta(microseconds=1)
+
+
+def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
+    """The scan's query, built once per worker, and the converter of its ``next_fire`` column.
+
+    A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
+    millisecond on SQLite, more than the query). This is the same query written out: one row per job
+    with its pending flag, next fire, and whether a lease is held or was left expired (by the database's
+    clock, ``Now()``). Parameters: the job names.
+    """
+    from .models import Job, Lease
+
+    quote = connection.ops.quote_name
+    compiler = Job.objects.none().query.get_compiler(connection=connection)
+    now, _ = compiler.compile(Now())
+    job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
+    names = ", ".join(["%s"] * count)
+    sql = (
+        f"SELECT job.name, job.pending_since IS NOT NULL, job.next_fire, "  # noqa: S608  quoted names
+        f"lease.token IS NOT NULL AND lease.expires >= {now}, lease.token IS NOT NULL AND lease.expires < {now} "
+        f"FROM {job_table} AS job LEFT JOIN {lease_table} AS lease ON lease.job = job.name "
+        f"WHERE job.name IN ({names})"
+    )
+    column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
+    converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+
+    def convert_fire(value: Any) -> datetime | None:
+        for converter in converters:
+            value = converter(value, column, connection)
+        return value
+
+    return sql, convert_fire
+
+
+def _close_quietly() -> None:
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("Closing a broken connection failed")
