@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
 from django.utils import timezone
 
 if TYPE_CHECKING:
@@ -35,6 +36,13 @@ class ActiveRun:
     framework_writes: int = 0
     #: The JobContext, when there is one.
     context: Any = field(default=None, repr=False)
+    #: Each database alias's depth of atomic blocks when the run began in this thread (a TestCase's own
+    #: blocks, under the test kit): a claim deeper than that is inside a transaction the handler opened.
+    atomic_depths: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def opened_atomic(self, alias: str) -> bool:
+        """Return whether the handler has an atomic block of its own open on ``alias``."""
+        return len(connections[alias].atomic_blocks) > self.atomic_depths.get(alias, 0)
 
     def now(self) -> datetime:
         return self.clock()
@@ -49,6 +57,7 @@ def active_run() -> ActiveRun | None:
 def running(run: ActiveRun) -> Iterator[ActiveRun]:
     """Mark ``run`` active in this thread for the duration of the block."""
     previous = active_run()
+    run.atomic_depths = {conn.alias: len(conn.atomic_blocks) for conn in connections.all(initialized_only=True)}
     _local.run = run
     try:
         yield run

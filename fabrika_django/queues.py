@@ -74,6 +74,11 @@ class QueueQuerySet(models.QuerySet[_M]):
         """
         run = _refuse_bad_claim(limit, where)
         using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
+        if run.opened_atomic(using):
+            raise ClaimInsideTransaction(
+                "claim() runs in a short transaction of its own and cannot run inside transaction.atomic(): "
+                "its row locks would last as long as that block; claim outside it."
+            )
         connection = connections[using]
         now = run.now()
         # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -99,6 +99,23 @@ def test_claim_inside_ctx_transaction_is_refused_with_its_code():
         result = run_job("greedy")
     assert result.failure == "claim_inside_transaction"
     assert outcomes("greedy") == [(1, "claim_inside_transaction")]
+    assert Item.objects.get().attempts == 0
+
+
+@pytest.mark.parametrize(
+    "threaded", [False, pytest.param(True, marks=pytest.mark.django_db(transaction=True))], ids=["inline", "thread"]
+)
+def test_claim_inside_a_plain_atomic_block_is_refused_too(threaded):
+    """Its locks would last as long as the handler's block: claim is a short transaction of its own."""
+    Item.objects.create()
+
+    def locked_in(ctx):
+        with transaction.atomic():
+            Item.objects.claim(limit=1)
+
+    with temporary_job(locked_in):
+        result = run_job("locked_in")
+    assert result.failure == "claim_inside_transaction"
     assert Item.objects.get().attempts == 0
 
 
