@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from django.db import connections, router
 
@@ -51,9 +52,11 @@ class LeaseFence:
                 sql = f"UPDATE {table} SET token = token WHERE job = %s AND token = %s"  # noqa: S608  quoted name
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.rowcount == 1
+            elif connection.vendor == "postgresql":
+                sql = f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR KEY SHARE"  # noqa: S608  quoted
+                held = _begin_with(connection, cursor, sql, [self.job_name, token])
             else:
-                lock = "FOR KEY SHARE" if connection.vendor == "postgresql" else "FOR UPDATE"
-                sql = f"SELECT 1 FROM {table} WHERE job = %s AND token = %s {lock}"  # noqa: S608  quoted name
+                sql = f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.fetchone() is not None
         if not held:
@@ -62,3 +65,37 @@ class LeaseFence:
                 "The attempt's lease was taken over by another attempt: this transaction may not begin; "
                 "the next run picks up."
             )
+
+
+def _begin_with(connection: Any, cursor: Any, sql: str, params: list[Any]) -> bool:
+    """Run the lock in the same round trip as the transaction's BEGIN (PostgreSQL); True if it found the row.
+
+    psycopg sends a transaction's BEGIN on its own and waits for it before the first statement, so the fence
+    would cost two round trips per transaction. Here ``BEGIN; SELECT …`` goes as one simple query through
+    psycopg's documented low-level connection (``pgconn``); psycopg then finds the transaction open and sends
+    no BEGIN of its own. Inside a transaction already (a TestCase) the lock is an ordinary statement.
+    """
+    import psycopg
+
+    raw = connection.connection
+    if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
+    query = f"{_begin(raw)}; " + psycopg.ClientCursor(raw).mogrify(sql, params)
+    with connection.wrap_database_errors:  # raised as Django's errors, as from a cursor
+        result = raw.pgconn.exec_(query.encode(raw.info.encoding))
+        if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+    return result.ntuples == 1
+
+
+def _begin(raw: Any) -> str:
+    """The BEGIN psycopg itself would send: the connection's isolation level, read-only and deferrable modes."""
+    words = ["BEGIN"]
+    if raw.isolation_level is not None:
+        words.append("ISOLATION LEVEL " + raw.isolation_level.name.replace("_", " "))
+    if raw.read_only is not None:
+        words.append("READ ONLY" if raw.read_only else "READ WRITE")
+    if raw.deferrable is not None:
+        words.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
+    return " ".join(words)

@@ -149,3 +149,28 @@ def test_a_live_lease_is_not_taken_over():
         result = runner.run("held")
     assert result.coalesced
     assert not Attempt.objects.exists()
+
+
+@pytest.mark.postgresql
+def test_the_fence_begins_the_transaction_as_psycopg_would_with_the_connections_isolation_level():
+    """The fence's lock goes out with the transaction's BEGIN: that BEGIN keeps the configured isolation level."""
+    import psycopg
+
+    from fabrika_django._fence import _begin_with
+
+    runner.sync_jobs(["lab_stamp"])
+    token = uuid.uuid4()
+    Lease.objects.filter(job="lab_stamp").update(token=token)
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            sql = "SELECT 1 FROM fabrika_django_lease WHERE job = %s AND token = %s FOR KEY SHARE"
+            assert _begin_with(connection, cursor, sql, ["lab_stamp", token])
+            assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            cursor.execute("SHOW transaction_isolation")
+            assert cursor.fetchone() == ("serializable",)
+            assert not _begin_with(connection, cursor, sql, ["lab_stamp", uuid.uuid4()])  # inside: a plain statement
+    finally:
+        raw.isolation_level = None
