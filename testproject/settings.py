@@ -99,6 +99,8 @@ FABRIKA = {
     "BASE_URL": env("BASE_URL", default="http://127.0.0.1:8000"),
     "POLL_INTERVAL": env.float("FABRIKA_POLL_INTERVAL", default=1.0),
     "LEASE_SECONDS": env.int("FABRIKA_LEASE_SECONDS", default=30),
+    # Empty: the worker polls (a database behind a transaction pooler, where LISTEN cannot work).
+    "LISTEN_DATABASE": env("FABRIKA_LISTEN_DATABASE", default="default") or None,
 }
 
 LOGGING = {
