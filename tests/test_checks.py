@@ -341,3 +341,15 @@ def test_an_own_mail_sender_that_does_not_import_to_a_callable_is_an_error(setti
 def test_an_own_mail_sender_factory_that_imports_passes(settings):
     settings.FABRIKA = {"OWN_MAIL_SENDER": "testproject.lab.mail.own_sender"}
     assert _check_settings() == []
+
+
+@override_settings(FABRIKA={"LISTEN_DATABASE": None})
+def test_listen_database_none_is_accepted_the_worker_then_polls():
+    assert _check_settings() == []
+
+
+@override_settings(FABRIKA={"LISTEN_DATABASE": 5})
+def test_listen_database_that_is_not_an_alias_is_refused_naming_none_as_the_way_to_poll():
+    assert [(error.id, error.hint) for error in _check_settings()] == [
+        ("fabrika.E032", "Give a database alias, e.g. 'default', or None to poll.")
+    ]
