@@ -16,8 +16,8 @@ import re
 import weakref
 from typing import Any
 
-# Server sessions (psycopg connections) known to hold a statement: name -> prepared. A pooler can move the
-# client between server sessions, so this is a hint; a missing statement is prepared again.
+# For each psycopg connection, the names of the statements it prepared. Behind a pooler the server session
+# under a connection changes, so this is a hint only: a statement found missing is prepared again.
 _known: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 _MISSING = "26000"  # invalid_sql_statement_name: no prepared statement of that name in this session
