@@ -25,6 +25,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
+from django.core import mail as django_mail
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.mail.backends.dummy import EmailBackend as DummyBackend
 from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
@@ -63,6 +64,14 @@ _REFUSED = frozenset(
 )
 
 
+def _installation_backend() -> Any:
+    """A new connection of the installation's mailer: ``MAILERS["default"]`` (Django 6.1+), else EMAIL_BACKEND."""
+    handler = getattr(django_mail, "mailers", None)
+    if handler is not None and hasattr(django_settings, "MAILERS"):
+        return handler.default
+    return get_connection(fail_silently=False)
+
+
 @dataclass(frozen=True)
 class SendResult:
     """A message the transport accepted (or accepted earlier under the same idempotency key)."""
@@ -99,7 +108,7 @@ class Mailer:
             path = settings.OWN_MAIL_SENDER
             backend = import_string(path)() if path else None
         else:
-            backend = get_connection(fail_silently=False)
+            backend = _installation_backend()
         # The dummy backend drops every message: no transport reaches the job.
         return None if backend is None or isinstance(backend, DummyBackend) else backend
 

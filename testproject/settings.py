@@ -8,7 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import django
 import environ
+
+from testproject.mailers import mailers_setting
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env(DEBUG=(bool, True))
@@ -91,7 +94,11 @@ MEDIA_ROOT = env("MEDIA_ROOT", default=str(BASE_DIR / "var" / "media"))
 _email = env.email_url("EMAIL_URL", default="consolemail://")
 # EMAIL_BACKEND names a backend of one's own (a provider's, one that deduplicates) over EMAIL_URL's host and port.
 _email["EMAIL_BACKEND"] = env("EMAIL_BACKEND", default=_email["EMAIL_BACKEND"])
-vars().update(_email)
+if django.VERSION >= (6, 1):
+    # Django 6.1 replaces the EMAIL_* settings with MAILERS.
+    MAILERS = mailers_setting(_email)
+else:
+    vars().update(_email)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="Fabrika demo <demo@localhost>")
 
 FABRIKA = {

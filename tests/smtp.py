@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from aiosmtpd.controller import Controller
 
+from testproject.mailers import mail_settings
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -84,7 +86,8 @@ def _refuse_everyone(server, session, envelope, mechanism, auth_data):
 
 
 class SMTPServer:
-    """Start with ``with SMTPServer() as smtp:``; ``smtp.settings`` are the EMAIL_* settings that reach it."""
+    """Start with ``with SMTPServer() as smtp:``; ``smtp.settings`` are the settings that reach it (for
+    ``override_settings``), ``smtp.email`` the same as EMAIL_* settings, for ``mail_settings(**...)``."""
 
     def __init__(
         self,
@@ -113,6 +116,11 @@ class SMTPServer:
 
     @property
     def settings(self) -> dict:
+        """Settings that make this server the installation's mailer (EMAIL_* or MAILERS, per Django)."""
+        return mail_settings(**self.email)
+
+    @property
+    def email(self) -> dict:
         return {
             "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
             "EMAIL_HOST": "127.0.0.1",

@@ -16,6 +16,7 @@ from fabrika_django.context import AbortSignal
 from fabrika_django.mail import Mailer, SendResult
 from fabrika_django.models import SentMail
 from fabrika_django.testing import run_job
+from testproject.mailers import mail_settings
 from testproject.outbox.models import OutboxMail, Person
 
 from .jobs_helpers import temporary_job
@@ -101,8 +102,9 @@ def test_a_message_arrives_with_its_headers_parts_and_attachment_byte_for_byte(m
     assert message["List-Unsubscribe"] == f"<{UNSUBSCRIBE}>"
     assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     assert message["Message-ID"] == f"<{result.message_id}>"
-    assert message.get_body(("plain",)).get_content().replace("\r\n", "\n") == "Hello Ada,\nwelcome."
-    assert message.get_body(("html",)).get_content() == "<p>Hello <b>Ada</b></p>"
+    # Django 6.1 ends a text part with a line break; earlier versions sent the text as given.
+    assert message.get_body(("plain",)).get_content().replace("\r\n", "\n").rstrip("\n") == "Hello Ada,\nwelcome."
+    assert message.get_body(("html",)).get_content().rstrip("\r\n") == "<p>Hello <b>Ada</b></p>"
     [attached] = list(message.iter_attachments())
     assert attached.get_filename() == "report.pdf"
     assert attached.get_content_type() == "application/pdf"
@@ -258,7 +260,7 @@ def test_after_a_crash_past_acceptance_a_plain_smtp_retry_is_reported_unknown_an
 def test_after_a_crash_past_acceptance_a_deduplicating_transport_is_asked_again_and_delivers_once(monkeypatch):
     answers = []
     with SMTPServer(dedup=True) as smtp:
-        settings = dict(smtp.settings, EMAIL_BACKEND="testproject.lab.mail.DeduplicatingSMTPBackend")
+        settings = mail_settings(**dict(smtp.email, EMAIL_BACKEND="testproject.lab.mail.DeduplicatingSMTPBackend"))
         with override_settings(**settings), _sending_job([_message()], answers) as job:
             with monkeypatch.context() as crash:
                 _crash_after_acceptance(crash)
@@ -293,7 +295,7 @@ def test_a_connection_lost_after_data_is_unknown_and_only_a_persons_requeue_send
 def test_an_unknown_outcome_over_a_deduplicating_transport_may_be_retried():
     answers = []
     with SMTPServer(hang_up_after_data=True, dedup=True) as smtp:
-        settings = dict(smtp.settings, EMAIL_BACKEND="testproject.lab.mail.DeduplicatingSMTPBackend")
+        settings = mail_settings(**dict(smtp.email, EMAIL_BACKEND="testproject.lab.mail.DeduplicatingSMTPBackend"))
         with override_settings(**settings), _sending_job([_message()], answers) as job:
             assert _run(job.name).ok
             smtp.handler.hang_up_after_data = False
@@ -363,7 +365,7 @@ def test_refused_recipients_are_not_sent_may_not_retry_and_free_the_key():
 def test_refused_credentials_are_a_configuration_refusal_that_may_not_retry():
     answers = []
     with SMTPServer(refuse_login=True) as smtp:
-        credentials = dict(smtp.settings, EMAIL_HOST_USER="app", EMAIL_HOST_PASSWORD="wrong")
+        credentials = mail_settings(**dict(smtp.email, EMAIL_HOST_USER="app", EMAIL_HOST_PASSWORD="wrong"))
         with override_settings(**credentials), _sending_job([_message()], answers) as job:
             assert _run(job.name).ok
         assert smtp.received == []
@@ -451,7 +453,7 @@ def test_attachments_are_at_most_twenty_bounded_by_the_transport_and_must_exist(
         _mailer(mode="locmem").send(**_message(attachments=[row.attachment for row in rows]))
     assert refused.value.code == "invalid_message" and "at most 20" in str(refused.value)
 
-    with override_settings(EMAIL_BACKEND="testproject.lab.mail.SmallLocmemBackend"):
+    with override_settings(**mail_settings(EMAIL_BACKEND="testproject.lab.mail.SmallLocmemBackend")):
         with pytest.raises(EmailDeliveryError) as refused:
             _mailer().send(**_message(attachments=[row.attachment for row in rows[:11]]))
         assert refused.value.code == "attachments_too_large"
@@ -484,11 +486,11 @@ def test_mail_none_makes_the_mailer_unavailable_and_every_send_fails_mail_not_co
 
 
 @pytest.mark.django_db
-def test_the_dummy_backend_reaches_no_one(settings):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
-    assert _mailer().available is False
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    assert _mailer().available is True
+def test_the_dummy_backend_reaches_no_one():
+    with override_settings(**mail_settings(EMAIL_BACKEND="django.core.mail.backends.dummy.EmailBackend")):
+        assert _mailer().available is False
+    with override_settings(**mail_settings(EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend")):
+        assert _mailer().available is True
 
 
 @pytest.mark.django_db

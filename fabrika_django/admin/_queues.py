@@ -121,13 +121,17 @@ class QueueModelAdminMixin(_AdminBase):
         shown = list(super().get_list_display(request))
         return [*shown, *(column for column in _COLUMNS if column not in shown)]
 
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> Any:
+        # Django 6.1 asks per place (the list, or a change form); earlier versions have the list only.
+        where = () if action_location is None else (action_location,)
+        actions = super().get_actions(request, *where)
         # Added here rather than in `actions`, so an admin that declares its own actions keeps this one.
         if self.actions is None or IS_POPUP_VAR in request.GET or "requeue_selected" in actions:
             return actions
         if self.has_change_permission(request):
-            actions["requeue_selected"] = self.get_action("requeue_selected")
+            action = self.get_action("requeue_selected", *where)
+            if action is not None:  # Django 6.1: not an action of the change form (that page has its button)
+                actions["requeue_selected"] = action
         return actions
 
     def get_list_filter(self, request: HttpRequest) -> Any:
