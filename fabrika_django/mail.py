@@ -167,8 +167,8 @@ class Mailer:
         backend = self._backend
         if backend is None:
             raise EmailDeliveryError(
-                "No mail transport reaches this job: configure EMAIL_BACKEND (or OWN_MAIL_SENDER for mailer='own'); "
-                "check ctx.mail.available before the batch and leave the rows as they are.",
+                "No mail transport reaches this job: configure EMAIL_BACKEND or MAILERS['default'] (OWN_MAIL_SENDER "
+                "for mailer='own'); check ctx.mail.available before the batch and leave the rows as they are.",
                 code="mail_not_configured",
             )
         key = _check_key(idempotency_key)
@@ -240,7 +240,8 @@ class Mailer:
             if isinstance(error, smtplib.SMTPAuthenticationError):
                 # Configuration, not weather: retrying gives the same answer until someone fixes the credentials.
                 raise EmailDeliveryError(
-                    "The mail server refused the credentials; nothing was sent: fix EMAIL_HOST_USER/PASSWORD.",
+                    "The mail server refused the credentials; nothing was sent: fix the mailer's user and password "
+                    "(EMAIL_HOST_USER/PASSWORD, or MAILERS['default'] OPTIONS).",
                     code="transport_refused",
                 ) from None
             raise EmailDeliveryError(
