@@ -88,34 +88,22 @@ def test_reads_outside_ctx_transaction_are_allowed():
         assert run_job("reader").ok
 
 
-def test_claim_inside_ctx_transaction_is_refused_with_its_code():
+@pytest.mark.parametrize("opened_by", ["ctx.transaction", "transaction.atomic"])
+@pytest.mark.parametrize(
+    "threaded", [False, pytest.param(True, marks=pytest.mark.django_db(transaction=True))], ids=["inline", "thread"]
+)
+def test_claim_inside_a_transaction_the_handler_opened_is_refused_with_its_code(opened_by, threaded):
+    """Its locks would last as long as the handler's block: claim is a short transaction of its own."""
     Item.objects.create()
 
     def greedy(ctx):
-        with ctx.transaction():
+        with ctx.transaction() if opened_by == "ctx.transaction" else transaction.atomic():
             Item.objects.claim(limit=1)
 
     with temporary_job(greedy):
         result = run_job("greedy")
     assert result.failure == "claim_inside_transaction"
     assert outcomes("greedy") == [(1, "claim_inside_transaction")]
-    assert Item.objects.get().attempts == 0
-
-
-@pytest.mark.parametrize(
-    "threaded", [False, pytest.param(True, marks=pytest.mark.django_db(transaction=True))], ids=["inline", "thread"]
-)
-def test_claim_inside_a_plain_atomic_block_is_refused_too(threaded):
-    """Its locks would last as long as the handler's block: claim is a short transaction of its own."""
-    Item.objects.create()
-
-    def locked_in(ctx):
-        with transaction.atomic():
-            Item.objects.claim(limit=1)
-
-    with temporary_job(locked_in):
-        result = run_job("locked_in")
-    assert result.failure == "claim_inside_transaction"
     assert Item.objects.get().attempts == 0
 
 
