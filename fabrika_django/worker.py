@@ -206,8 +206,7 @@ class Worker:
             rows = cursor.fetchall()
         return {
             name: {
-                "name": name,
-                "pending_since": True if pending else None,
+                "pending": bool(pending),
                 "next_fire": convert_fire(fire),
                 "held": bool(held),
                 "orphaned": bool(orphaned),
@@ -252,7 +251,7 @@ class Worker:
             if name in self._running:
                 continue
             # Pending under a live lease: its holder runs it once more when it ends.
-            if (state["pending_since"] is not None and not state["held"]) or state["orphaned"]:
+            if (state["pending"] and not state["held"]) or state["orphaned"]:
                 self._dispatch(name, "kick")
 
     def _release_orphans(self) -> None:
