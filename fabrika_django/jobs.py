@@ -169,15 +169,14 @@ def _check_origin(origin: str) -> str:
     """Return the origin in the one form ``ctx.fetch`` compares URLs with (lower case, no ``:443``)."""
     from .egress import origin_of
 
-    parts = urlsplit(origin)
     try:
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError("a path")
-        return origin_of(origin)
+        normal = origin_of(origin)
+        parts = urlsplit(origin)
     except ValueError:
-        raise ValueError(
-            f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'."
-        ) from None
+        normal = None
+    if normal is None or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"egress origin {origin!r} is not an HTTPS origin: give e.g. 'https://api.example.com'.")
+    return normal
 
 
 def _check_permission(permission: str) -> str:

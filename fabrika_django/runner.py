@@ -274,8 +274,7 @@ def _take_free_lease(
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
     sql = _free_lease_start_sql(connection, require_pending=require_pending)
-    params: list[Any] = [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder]
-    params.append(Outcome.RUNNING.value)
+    params = [name, token, holder, run_id, seconds, run_id, trigger, run_id, trigger, holder, Outcome.RUNNING.value]
     row = _prepared.fetchone(connection, sql, params)
     return None if row is None else int(row[0])
 
@@ -345,7 +344,7 @@ def _run_attempts(
     last = 1 + job.retries
     while True:
         if lease.first_record is not None:
-            # The first attempt's row, inserted with the start in the same statement.
+            # The first attempt's row, inserted in the start's own commit.
             record = Attempt(
                 pk=lease.first_record,
                 job=job.name,
