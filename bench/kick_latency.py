@@ -188,12 +188,13 @@ def _floor_child(kicks: int, idle: float) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from fabrika_django.kicks import CHANNEL, _kick_sql
+    from fabrika_django._jobstate import kick_sql as make_kick_sql
+    from fabrika_django.kicks import CHANNEL
     from fabrika_django.runner import sync_jobs
 
     call_command("migrate", verbosity=0)
     sync_jobs(["lab_stamp"])
-    kick_sql = _kick_sql(connection)
+    kick_sql = make_kick_sql(connection)
     connection.close()
     listener = subprocess.Popen(
         [sys.executable, __file__, "--child", "floor-listener"],
@@ -215,7 +216,7 @@ def _floor_child(kicks: int, idle: float) -> int:
                     "INSERT INTO lab_mark (job, note, pid, attempt, at) VALUES ('bench', %s, 0, 1, now())", [number]
                 )
                 committed = time.time()
-                client.execute(kick_sql, ["lab_stamp", CHANNEL, "lab_stamp"])
+                client.execute(kick_sql, {"name": "lab_stamp", "channel": CHANNEL})
                 stamp = float(listener.stdout.readline())
                 time.sleep(random.uniform(0, idle))
                 if number >= WARMUP:
@@ -232,15 +233,14 @@ def _floor_listener() -> int:
     import django
 
     django.setup()
-    import uuid
 
     import psycopg
     from django.db import connection
 
+    from fabrika_django._jobstate import Start, free_lease_start_sql
     from fabrika_django.kicks import CHANNEL
-    from fabrika_django.runner import _free_lease_start_sql
 
-    start_sql = _free_lease_start_sql(connection, require_pending=True)
+    start_sql = free_lease_start_sql(connection, require_pending=True)
     url = os.environ["DATABASE_URL"]
     listen = psycopg.connect(url, autocommit=True)
     listen.execute(f"LISTEN {CHANNEL}")
@@ -249,9 +249,8 @@ def _floor_listener() -> int:
     sys.stdout.flush()
     while True:
         for note in listen.notifies():
-            run_id = uuid.uuid4()
-            parameters = [note.payload, uuid.uuid4(), "floor", run_id, 30, run_id, "kick", run_id, "kick", "floor"]
-            starter.execute(start_sql, [*parameters, "running"])
+            start = Start(job=note.payload, trigger="kick", holder="floor", seconds=30, max_attempt=1)
+            starter.execute(start_sql, start.params())
             started = time.time()
             (attempt,) = starter.fetchone()
             starter.execute(

@@ -40,23 +40,22 @@ class LeaseFence:
 
     def hold(self, using: str | None) -> None:
         """Lock the lease row for the rest of the transaction, or raise LeaseLost if it is not ours."""
+        # Imported here: this module is imported with the package, before the app registry is ready.
+        from . import _jobstate
         from .models import Lease
 
         alias = using or router.db_for_write(Lease)
         connection = connections[alias]
-        table = connection.ops.quote_name(Lease._meta.db_table)
+        sql = _jobstate.hold_lease_sql(connection)
         token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
         with connection.cursor() as cursor:
             if connection.vendor == "sqlite":
                 # SQLite has no row locks: a write takes the database write lock for the transaction.
-                sql = f"UPDATE {table} SET token = token WHERE job = %s AND token = %s"  # noqa: S608  quoted name
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.rowcount == 1
             elif connection.vendor == "postgresql":
-                sql = f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR KEY SHARE"  # noqa: S608  quoted
                 held = _begin_with(connection, cursor, sql, [self.job_name, token])
             else:
-                sql = f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.fetchone() is not None
         if not held:

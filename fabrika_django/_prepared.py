@@ -14,6 +14,7 @@ import functools
 import hashlib
 import re
 import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # For each psycopg connection, the names of the statements it prepared. Behind a pooler the server session
@@ -22,14 +23,15 @@ _known: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 _MISSING = "26000"  # invalid_sql_statement_name: no prepared statement of that name in this session
 _DUPLICATE = "42P05"  # duplicate_prepared_statement: another try prepared it first in this session
-_PLACEHOLDER = re.compile(r"%s")
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?s")
 
 
-def fetchone(connection: Any, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-    """Run ``sql`` (with ``%s`` placeholders) as a prepared statement on Django's ``connection``; return a row.
+def fetchone(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """Run ``sql`` as a prepared statement on Django's ``connection``; return a row.
 
-    Inside a transaction, and with ``server_side_binding`` (its cursors take one statement at a time), the
-    statement runs as it is: a failed ``EXECUTE`` of a missing statement would abort the transaction.
+    Placeholders are ``%s`` with a list of parameters, or ``%(name)s`` with a dict. Inside a transaction, and
+    with ``server_side_binding`` (its cursors take one statement at a time), the statement runs as it is: a
+    failed ``EXECUTE`` of a missing statement would abort the transaction.
     """
     with connection.cursor() as cursor:
         if connection.in_atomic_block or connection.settings_dict["OPTIONS"].get("server_side_binding"):
@@ -38,20 +40,23 @@ def fetchone(connection: Any, sql: str, params: list[Any]) -> tuple[Any, ...] | 
         return _fetchone_prepared(connection, cursor, sql, params)
 
 
-def _fetchone_prepared(connection: Any, cursor: Any, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-    name, prepare = _statement(sql)
-    execute = f"EXECUTE {name}({', '.join(['%s'] * len(params))})"
+def _fetchone_prepared(
+    connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
+) -> tuple[Any, ...] | None:
+    name, prepare, names = _statement(sql)
+    values = [params[key] for key in names] if isinstance(params, Mapping) else list(params)
+    execute = f"EXECUTE {name}({', '.join(['%s'] * len(values))})"
     known = _known.setdefault(connection.connection, set())
-    if name in known and _try(cursor, execute, params, ok=(_MISSING,)):
+    if name in known and _try(cursor, execute, values, ok=(_MISSING,)):
         return cursor.fetchone()
     # First use in this session, or the session lost it (DISCARD ALL, a pooler's other session): prepare
     # and run in one round trip.
-    if _try(cursor, f"{prepare}; {execute}", params, ok=(_DUPLICATE,)):
+    if _try(cursor, f"{prepare}; {execute}", values, ok=(_DUPLICATE,)):
         cursor.nextset()
         known.add(name)
         return cursor.fetchone()
     # Prepared here already, unknown to this process (another client behind a pooler).
-    if _try(cursor, execute, params, ok=(_MISSING,)):
+    if _try(cursor, execute, values, ok=(_MISSING,)):
         known.add(name)
         return cursor.fetchone()
     known.discard(name)
@@ -59,7 +64,7 @@ def _fetchone_prepared(connection: Any, cursor: Any, sql: str, params: list[Any]
     return cursor.fetchone()
 
 
-def _try(cursor: Any, sql: str, params: list[Any], *, ok: tuple[str, ...]) -> bool:
+def _try(cursor: Any, sql: str, params: Sequence[Any], *, ok: tuple[str, ...]) -> bool:
     """Execute; False when the database refused with one of the ``ok`` states (anything else raises)."""
     try:
         cursor.execute(sql, params)
@@ -71,8 +76,23 @@ def _try(cursor: Any, sql: str, params: list[Any], *, ok: tuple[str, ...]) -> bo
 
 
 @functools.lru_cache(maxsize=16)
-def _statement(sql: str) -> tuple[str, str]:
-    """Return the statement's name (a hash of its text) and its ``PREPARE`` (``%s`` numbered ``$1``, …)."""
+def _statement(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """Return the statement's name (a hash of its text), its ``PREPARE``, and the order of its named parameters.
+
+    ``%s`` placeholders are numbered ``$1``, ``$2``… in order; each distinct ``%(name)s`` gets one number, at
+    its first appearance, and the names come back in that order (empty for ``%s`` placeholders).
+    """
     name = "fabrika_" + hashlib.sha256(sql.encode()).hexdigest()[:20]
-    numbers = iter(range(1, sql.count("%s") + 1))
-    return name, f"PREPARE {name} AS " + _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql)
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key is None:
+            names.append("")
+            return f"${len(names)}"
+        if key not in names:
+            names.append(key)
+        return f"${names.index(key) + 1}"
+
+    prepared = _PLACEHOLDER.sub(number, sql)
+    return name, f"PREPARE {name} AS {prepared}", tuple(key for key in names if key)

@@ -193,18 +193,16 @@ _PRUNE_BATCH = 1000
 @cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
 def prune_history(ctx: JobContext) -> None:
     """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
+    from . import _jobstate  # it imports the models: this module is imported before the app registry is ready
     from .conf import settings
-    from .models import Attempt
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
     pruned = 0
     while True:
         ctx.signal.throw_if_aborted()
-        batch = list(
-            Attempt.objects.filter(started__lt=cutoff).order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH]
-        )
-        if not batch:
-            break
         with ctx.transaction():
-            pruned += Attempt.objects.filter(pk__in=batch).delete()[0]
+            deleted = _jobstate.prune_attempts(cutoff, _PRUNE_BATCH)
+        if not deleted:
+            break
+        pruned += deleted
     ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)

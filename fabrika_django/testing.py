@@ -1,22 +1,24 @@
-"""The test kit: ``run_job()``, ``JobResult``, captured kicks, a fixed clock, and their pytest fixtures.
+"""The test kit: ``run_job()``, ``JobResult``, captured kicks and a fixed clock (fixtures: ``_pytest_plugin``).
 
 ``run_job`` runs one run synchronously through the worker's own path (lease, fence, write guard,
 retries). Inside an open transaction (pytest-django's default ``django_db``, Django's ``TestCase``) the
 handler runs inline on the test's connection and the kicks its transactions commit go out when the run
 ends; with ``transaction=True`` it runs exactly as ``manage.py fabrika_job run`` does.
 
-This module is a pytest plugin (entry point ``pytest11``) and is imported before Django is set up:
-it imports no model at module level.
+It needs no pytest: a project on Django's own test runner imports ``run_job`` from here. The pytest
+fixtures live in ``fabrika_django._pytest_plugin``, which only the plugin entry point (``pytest11``) loads.
+This module is imported by that plugin before Django is set up: it imports no model at module level.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import pytest
+from django.db import connection, connections
+from django.test import TestCase
+from django.utils import timezone
 
 MAIL_MODES = ("locmem", "none")
 
@@ -68,8 +70,7 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
     ``now``: the run's clock (what ``claim`` and ``ctx.now()`` see); the ``fabrika_clock`` fixture's by default.
     Retries follow each other without the pause a real run takes.
     """
-    from django.db import connection
-
+    # Imported here: the runner imports the models, and this module is imported before Django is set up.
     from . import runner
 
     if mail not in MAIL_MODES:
@@ -83,12 +84,18 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
     elif _clock is not None:
         clock = _clock
     else:
-        from django.utils import timezone
-
         clock = timezone.now
     if connection.in_atomic_block:
         with _commit_hooks_of_the_run():
-            result = runner.run(name, "manual", clock=clock, mail_mode=mail, inline=True, pause=_no_pause)
+            result = runner.run(
+                name,
+                "manual",
+                clock=clock,
+                mail_mode=mail,
+                inline=True,
+                pause=_no_pause,
+                after_inline_attempt=_keep_test_transaction_usable,
+            )
     else:
         result = runner.run(name, "manual", clock=clock, mail_mode=mail, inline=False, pause=_no_pause)
     return JobResult(job=result.job, outcome=result.outcome, attempts=result.attempts, run_id=result.run_id)
@@ -100,45 +107,28 @@ def _no_pause(failed_attempt: int) -> float:
 
 def _commit_hooks_of_the_run():
     """Run, after the job, the on-commit hooks its (savepoint) transactions left in the test's transaction."""
-    from django.test import TestCase
-
     return TestCase.captureOnCommitCallbacks(execute=True)
 
 
-@pytest.fixture(autouse=True)
-def _fabrika_handler_threads() -> Iterator[None]:
-    """End the job handler threads a test left idle, so their connections never outlive its database."""
-    yield
-    from ._handlers import handler_threads
+def _keep_test_transaction_usable() -> None:
+    """Undo the rollback mark a failed inline attempt left on the caller's (test's) transaction.
 
-    handler_threads.drain()
-
-
-@pytest.fixture
-def fabrika_run_job():
-    """The test kit's ``run_job``."""
-    return run_job
+    Django marks the enclosing atomic block for rollback when a statement raises, even one the write guard
+    refused before it reached the database. In production each failed statement stands alone; here the
+    caller's transaction stands for "the database", so unless the database itself broke the transaction,
+    it carries on, keeping what the attempt committed before it failed, as a real run would.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.needs_rollback and not _broken(conn):
+            conn.needs_rollback = False
 
 
-@pytest.fixture
-def fabrika_kicks() -> Iterator[list[str]]:
-    """A list of the names of the jobs kicked (after their commit) during the test."""
-    from . import kicks
+def _broken(conn: object) -> bool:
+    """Return whether the database itself aborted the connection's transaction (PostgreSQL's INERROR)."""
+    info = getattr(getattr(conn, "connection", None), "info", None)
+    if info is None or getattr(conn, "vendor", None) != "postgresql":
+        return False
+    # Imported here: psycopg is the postgres extra's, not a dependency of every project.
+    from psycopg.pq import TransactionStatus
 
-    recorded: list[str] = []
-    kicks._recorders.append(recorded)
-    try:
-        yield recorded
-    finally:
-        kicks._recorders.remove(recorded)
-
-
-@pytest.fixture
-def fabrika_clock() -> Iterator[FixedClock]:
-    """A fixed clock that ``run_job`` uses when no ``now=`` is given; move it with ``.advance()``."""
-    global _clock
-    previous, _clock = _clock, FixedClock()
-    try:
-        yield _clock
-    finally:
-        _clock = previous
+    return bool(info.transaction_status == TransactionStatus.INERROR)

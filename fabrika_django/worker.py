@@ -29,10 +29,9 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connection
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import runner
+from . import _jobstate, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
@@ -90,7 +89,7 @@ class Worker:
         self._backoff = Backoff()
         self._prepared = False
         self._next_scan = 0.0
-        self._states_sql: tuple[str, Callable[[Any], datetime | None]] | None = None
+        self._states = _jobstate.StateReader(list(self.jobs))
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -198,25 +197,9 @@ class Worker:
         self._prepared = True
 
     def _read_states(self) -> dict[str, dict[str, Any]]:
-        if self._states_sql is None:
-            self._states_sql = _states_sql(len(self.jobs))
-        sql, convert_fire = self._states_sql
-        with connection.cursor() as cursor:
-            cursor.execute(sql, list(self.jobs))
-            rows = cursor.fetchall()
-        return {
-            name: {
-                "pending": bool(pending),
-                "next_fire": convert_fire(fire),
-                "held": bool(held),
-                "orphaned": bool(orphaned),
-            }
-            for name, pending, fire, held, orphaned in rows
-        }
+        return self._states.read()
 
     def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
-        from .models import Job
-
         now = self._now()
         for name, state in states.items():
             job = self.jobs[name]
@@ -226,7 +209,7 @@ class Worker:
             if fire is None or job.schedule.next_after(fire - _TICK) != fire:
                 # A new job, or its schedule changed: its first fire is the next one from now.
                 fresh = job.schedule.next_after(now)
-                Job.objects.filter(name=name, next_fire=fire).update(next_fire=fresh)
+                _jobstate.take_fire(name, fire, fresh)
                 state["next_fire"] = fresh
                 continue
             if fire > now:
@@ -237,7 +220,7 @@ class Worker:
             # Exactly one worker moves next_fire from the value it read: that one owns this fire.
             # Fires missed while no worker ran are all behind now: one run makes them up.
             following = job.schedule.next_after(now)
-            if not Job.objects.filter(name=name, next_fire=fire).update(next_fire=following):
+            if not _jobstate.take_fire(name, fire, following):
                 continue
             state["next_fire"] = following
             logger.debug("Fire job=%s at=%s", name, fire.isoformat())
@@ -260,18 +243,8 @@ class Worker:
         Such a run is over (runner.run raised), so nothing of this worker works under its lease: without
         this, the job would wait for the lease to expire.
         """
-        from ._running import framework_write
-        from .models import Attempt, Lease, Outcome
-
         for name, holder in list(self._orphans.items()):
-            held = Lease.objects.filter(job=name, holder=holder, token__isnull=False)
-            run_ids = [run for run in held.values_list("run_id", flat=True) if run is not None]
-            with framework_write():
-                freed = held.update(token=None, holder="", run_id=None, expires=None, attempt=0)
-                # Its attempt never got to record how it ended.
-                Attempt.objects.filter(job=name, run_id__in=run_ids, outcome=Outcome.RUNNING).update(
-                    outcome=Outcome.CRASHED, finished=Now()
-                )
+            freed = _jobstate.release(name, holder)
             if freed:
                 logger.info("Released the lease of a run cut off by the database job=%s", name)
                 request_run(name)
@@ -361,14 +334,8 @@ class Worker:
 
     def _release_leases(self) -> None:
         """Free the leases of runs that did not end within the grace, and hand their jobs to other workers."""
-        from ._running import framework_write
-        from .models import Lease
-
         try:
-            with framework_write():
-                held = Lease.objects.filter(holder__startswith=f"{self._holder}:", token__isnull=False)
-                names = list(held.values_list("job", flat=True))
-                held.update(token=None, holder="", run_id=None, expires=None, attempt=0)
+            names = _jobstate.release_all(f"{self._holder}:")
             for name in names:
                 request_run(name)
             logger.warning("Released leases of runs that outlived the grace jobs=%s", ",".join(names) or "-")
@@ -377,38 +344,6 @@ class Worker:
 
 
 _TICK = timedelta(microseconds=1)
-
-
-def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
-    """The scan's query, built once per worker, and the converter of its ``next_fire`` column.
-
-    A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
-    millisecond on SQLite, more than the query). This is the same query written out: one row per job
-    with its pending flag, next fire, and whether a lease is held or was left expired (by the database's
-    clock, ``Now()``). Parameters: the job names.
-    """
-    from .models import Job, Lease
-
-    quote = connection.ops.quote_name
-    compiler = Job.objects.none().query.get_compiler(connection=connection)
-    now, _ = compiler.compile(Now())
-    job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
-    names = ", ".join(["%s"] * count)
-    sql = (
-        f"SELECT job.name, job.pending_since IS NOT NULL, job.next_fire, "  # noqa: S608  quoted names
-        f"lease.token IS NOT NULL AND lease.expires >= {now}, lease.token IS NOT NULL AND lease.expires < {now} "
-        f"FROM {job_table} AS job LEFT JOIN {lease_table} AS lease ON lease.job = job.name "
-        f"WHERE job.name IN ({names})"
-    )
-    column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
-    converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-
-    def convert_fire(value: Any) -> datetime | None:
-        for converter in converters:
-            value = converter(value, column, connection)
-        return value
-
-    return sql, convert_fire
 
 
 def _close_quietly() -> None:

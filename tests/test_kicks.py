@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from fabrika_django import UnknownJob, kick, kicks
+from fabrika_django import UnknownJob, _jobstate, kick, kicks
 from fabrika_django.models import Job
 
 from . import processes
@@ -118,5 +118,5 @@ def test_a_kick_notifies_listeners_once_while_the_job_stays_pending(lab_slow_row
 
 def test_a_kick_that_finds_no_row_marks_the_row_another_session_made_meanwhile():
     Job.objects.create(name="lab_slow")  # made by a worker's sync between the kick's UPDATE and its insert
-    kicks._create_pending("lab_slow", "default")
+    _jobstate._create_pending("lab_slow", "default")
     assert pending() is not None

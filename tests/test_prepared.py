@@ -1,11 +1,9 @@
 """The kick's and the start's statements are prepared once per session, by a name that is their text's hash."""
 
-import uuid
-
 import pytest
 from django.db import connection, transaction
 
-from fabrika_django import _prepared, runner
+from fabrika_django import _jobstate, _prepared, runner
 from fabrika_django.kicks import request_run
 from fabrika_django.models import Job, Lease
 
@@ -60,7 +58,7 @@ def test_a_session_that_lost_its_statements_prepares_again(lab_stamp_rows):
 
 def test_a_statement_another_try_prepared_under_the_name_is_used(lab_stamp_rows):
     sql = "SELECT %s::int + 1"
-    name, prepare = _prepared._statement(sql)
+    name, prepare, _names = _prepared._statement(sql)
     with connection.cursor() as cursor:
         cursor.execute(prepare)  # prepared in this session without fabrika knowing it
     _prepared._known.pop(connection.connection, None)
@@ -69,7 +67,7 @@ def test_a_statement_another_try_prepared_under_the_name_is_used(lab_stamp_rows)
 
 
 def test_the_name_is_the_hash_of_the_text_so_one_name_never_means_two_statements():
-    first, _ = _prepared._statement("SELECT %s::int + 1")
+    first, _, _ = _prepared._statement("SELECT %s::int + 1")
     assert _prepared._statement("SELECT %s::int + 1")[0] == first
     assert _prepared._statement("SELECT %s::int + 2")[0] != first
 
@@ -85,7 +83,8 @@ def test_inside_a_transaction_the_statement_runs_as_it_is(lab_stamp_rows):
 def test_the_start_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was(lab_stamp_rows):
     Job.objects.filter(name="lab_stamp").update(pending_since=None)
     request_run("lab_stamp")
-    attempt = runner._take_free_lease("lab_stamp", "kick", "test", uuid.uuid4(), uuid.uuid4(), 30, require_pending=True)
+    start = _jobstate.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
+    attempt = _jobstate._start_on_free_lease(start)
     assert attempt is not None
     assert Lease.objects.get(job="lab_stamp").token is not None
     assert not pending()
@@ -94,3 +93,9 @@ def test_the_start_commits_without_waiting_for_the_flush_and_leaves_the_session_
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)
     assert len(prepared_statements()) == 2  # the kick's and the start's
+
+
+def test_named_parameters_get_one_number_each_in_order_of_first_use():
+    name, prepare, names = _prepared._statement("SELECT %(b)s::int, %(a)s::int, %(b)s::int")
+    assert (prepare, names) == (f"PREPARE {name} AS SELECT $1::int, $2::int, $1::int", ("b", "a"))
+    assert _prepared.fetchone(connection, "SELECT %(b)s::int, %(a)s::int, %(b)s::int", {"a": 1, "b": 2}) == (2, 1, 2)

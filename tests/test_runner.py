@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from fabrika_django import runner
+from fabrika_django import _jobstate, runner
 from fabrika_django.kicks import request_run
 from fabrika_django.models import Attempt, Job, Lease
 from fabrika_django.testing import run_job
@@ -277,6 +277,13 @@ def test_a_second_run_while_one_is_active_coalesces_and_the_job_runs_once_more()
     assert Lease.objects.get(job="busy").token is None
 
 
+def _start(job, holder, *, mark_pending=True):
+    start = _jobstate.Start(
+        job=job.name, trigger="kick", holder=holder, seconds=30, max_attempt=1 + job.retries, mark_pending=mark_pending
+    )
+    return _jobstate.start_or_join(start)
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgresql
 def test_on_postgresql_a_run_on_a_free_lease_starts_in_one_statement_and_a_held_lease_takes_the_locked_path():
@@ -287,16 +294,16 @@ def test_on_postgresql_a_run_on_a_free_lease_starts_in_one_statement_and_a_held_
     job = registry.get("lab_slow")
     runner.sync_jobs([job.name])
     with CaptureQueriesContext(connection) as started:
-        lease = runner._start_or_join(job, "kick", "holder-a")
-    assert lease is not None and lease.first_record is not None
+        lease = _start(job, "holder-a")
+    assert lease is not None and lease.attempt_id is not None
     assert len(started.captured_queries) == 1
-    attempt = Attempt.objects.get(pk=lease.first_record)
+    attempt = Attempt.objects.get(pk=lease.attempt_id)
     assert (attempt.run_id, attempt.number, attempt.outcome, attempt.trigger) == (lease.run_id, 1, "running", "kick")
     assert Lease.objects.get(job=job.name).token == lease.token
     assert Job.objects.get(name=job.name).last_run_id == lease.run_id
 
     # Held: the one statement takes nothing, and the locked path marks the job pending.
-    assert runner._start_or_join(job, "kick", "holder-b") is None
+    assert _start(job, "holder-b") is None
     assert Job.objects.get(name=job.name).pending_since is not None
     assert Lease.objects.get(job=job.name).token == lease.token
 
@@ -309,11 +316,11 @@ def test_a_worker_serving_a_kick_that_a_run_already_served_starts_nothing():
     runner.sync_jobs([job.name])
     # Two workers heard one kick; the first one's run started (clearing the flag) and ended before the second
     # one got to it: the second finds the lease free and the flag down, and must not run the job again.
-    assert runner._start_or_join(job, "kick", "second-worker", mark_pending=False) is None
+    assert _start(job, "second-worker", mark_pending=False) is None
     assert Lease.objects.get(job=job.name).token is None and not Attempt.objects.exists()
 
     Job.objects.filter(name=job.name).update(pending_since=timezone.now())
-    lease = runner._start_or_join(job, "kick", "second-worker", mark_pending=False)
+    lease = _start(job, "second-worker", mark_pending=False)
     assert lease is not None and Job.objects.get(name=job.name).pending_since is None
 
 
