@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,17 +29,22 @@ def configure_logging(verbosity: int | None) -> None:
 
 
 @contextmanager
-def stop_signals(stop: Callable[[], None], *, install: bool = True) -> Iterator[None]:
-    """Call ``stop`` on SIGTERM or SIGINT during the block (main thread only), then restore the handlers."""
+def stop_signals(
+    stop: Callable[[], None],
+    *,
+    install: bool = True,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+) -> Iterator[None]:
+    """Call ``stop`` on SIGTERM or SIGINT (or ``signals``) during the block (main thread only), then restore."""
     if not install or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_signal(signum: int, frame: Any) -> None:
-        logger.info("Worker stopping signal=%s", signal.Signals(signum).name)
+        logger.info("Stopping signal=%s", signal.Signals(signum).name)
         stop()
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, on_signal) for signum in signals}
     try:
         yield
     finally:

@@ -14,8 +14,9 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state
 from .exceptions import VersionConflict
-from .queues import DEFAULT_MAX_ATTEMPTS, QueueManager, _now, _refuse_own_fields, _update_row, max_attempts_of
+from .queues import QueueManager, _now, _refuse_own_fields, _update_row
 
 FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
 
@@ -46,14 +47,12 @@ class QueueModel(models.Model):
     @property
     def state(self) -> str:
         """Return ``"waiting"``, ``"dead"`` or ``"done"``."""
-        if self.due is None:
-            return "done"
-        return "dead" if self.attempts >= max_attempts_of(type(self)) else "waiting"
+        return row_state(self)
 
     @property
     def is_due_now(self) -> bool:
         """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
-        return self.state == "waiting" and self.due is not None and self.due <= _now()
+        return row_state(self) == "waiting" and self.due is not None and self.due <= _now()
 
     def finish(self, **values: Any) -> None:
         """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""

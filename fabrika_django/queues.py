@@ -16,6 +16,10 @@ from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+# Re-exported: projects and checks know them from here.
+from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
+from ._queuestate import max_attempts_of as max_attempts_of
+from ._queuestate import state_q
 from ._running import active_run, framework_write
 from .backoff import row_backoff
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
@@ -25,17 +29,11 @@ if TYPE_CHECKING:
 
     from ._running import ActiveRun
 
-DEFAULT_MAX_ATTEMPTS = 10
 MAX_CLAIM = 500
 # The fields the framework writes itself: finish() clears due, requeue() resets attempts, every write bumps version.
 _OWN_FIELDS = frozenset({"attempts", "due", "version"})
 
 _M = TypeVar("_M", bound=models.Model)
-
-
-def max_attempts_of(model: type[models.Model]) -> int:
-    """Return the model's ``Queue.max_attempts`` (10 when it declares none)."""
-    return int(getattr(getattr(model, "Queue", None), "max_attempts", DEFAULT_MAX_ATTEMPTS))
 
 
 def _now() -> datetime:
@@ -49,19 +47,19 @@ class QueueQuerySet(models.QuerySet[_M]):
 
     def waiting(self) -> QueueQuerySet[_M]:
         """Narrow to rows with ``due`` set and attempts below the model's ``max_attempts``."""
-        return self.filter(due__isnull=False, attempts__lt=max_attempts_of(self.model))
+        return self.filter(state_q(self.model, "waiting"))
 
     def due_now(self, now: datetime | None = None) -> QueueQuerySet[_M]:
         """Narrow to waiting rows whose ``due`` has come (by ``now``, the run's clock by default)."""
-        return self.waiting().filter(due__lte=now or _now())
+        return self.filter(state_q(self.model, "due_now", now or _now()))
 
     def dead(self) -> QueueQuerySet[_M]:
         """Narrow to rows that reached ``max_attempts``: never claimed again, kept for a person to requeue."""
-        return self.filter(due__isnull=False, attempts__gte=max_attempts_of(self.model))
+        return self.filter(state_q(self.model, "dead"))
 
     def done(self) -> QueueQuerySet[_M]:
         """Narrow to rows whose ``due`` is null."""
-        return self.filter(due__isnull=True)
+        return self.filter(state_q(self.model, "done"))
 
     def claim(self, limit: int = 50, where: Q | None = None) -> list[_M]:
         """Lease up to ``limit`` due rows and return them with their new attempts, due and version.

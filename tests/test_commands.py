@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -15,6 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db.models import F
 from django.utils import timezone
 
+from fabrika_django import worker
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
 from fabrika_django.schedule import Schedule
@@ -150,9 +150,7 @@ class _FakeWorker:
 
 @pytest.fixture
 def fake_worker(monkeypatch):
-    module = types.ModuleType("fabrika_django.worker")
-    module.Worker = _FakeWorker
-    monkeypatch.setitem(sys.modules, "fabrika_django.worker", module)
+    monkeypatch.setattr(worker, "Worker", _FakeWorker)
     _FakeWorker.made = []
     return _FakeWorker.made
 
@@ -161,17 +159,12 @@ def test_worker_hands_concurrency_and_only_to_the_worker_and_runs_it(fake_worker
     assert fabrika_job("worker", "--concurrency", "3", "--only", "mark_overdue, send_reminders")[0] == 0
     assert fabrika_job("worker")[0] == 0
     assert [{key: value for key, value in made.items() if key != "stdout"} for made in fake_worker] == [
-        {"concurrency": 3, "only": ["mark_overdue", "send_reminders"], "ran": True},
-        {"only": None, "ran": True},
+        {"concurrency": 3, "only": ["mark_overdue", "send_reminders"], "verbosity": 1, "ran": True},
+        {"only": None, "verbosity": 1, "ran": True},
     ]
 
 
-def test_worker_gets_the_verbosity_when_it_takes_one(monkeypatch, fake_worker):
-    class Verbose(_FakeWorker):
-        def __init__(self, *, verbosity, **kwargs):
-            super().__init__(verbosity=verbosity, **kwargs)
-
-    monkeypatch.setattr(sys.modules["fabrika_django.worker"], "Worker", Verbose)
+def test_worker_gets_the_verbosity(fake_worker):
     assert fabrika_job("worker", "-v", "2")[0] == 0
     assert fabrika_job("worker")[0] == 0
     assert [(made["verbosity"], made["ran"]) for made in fake_worker] == [(2, True), (1, True)]
@@ -194,15 +187,6 @@ def test_worker_with_an_unknown_job_in_only_exits_2_before_starting(fake_worker)
     code, _, error = fabrika_job("worker", "--only", "mark_overdue,ghost")
     assert code == 2 and error.startswith("No cron job is named 'ghost'")
     assert fake_worker == []
-
-
-def test_worker_says_in_one_line_when_the_worker_module_is_missing(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fabrika_django.worker", None)
-    assert fabrika_job("worker")[::2] == (
-        1,
-        "The worker is not available in this version (fabrika_django.worker is missing): "
-        "run jobs with 'fabrika_job run NAME' from the lines 'fabrika_job crontab' prints.",
-    )
 
 
 # -- list, status -----------------------------------------------------------------------------------

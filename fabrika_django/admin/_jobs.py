@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.formats import date_format
@@ -17,63 +17,20 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .. import _jobstate
+from .._schedule_words import describe
 from ..jobs import registry
-from ..models import Attempt, Job, Lease, Outcome
+from ..kicks import kick
+from ..models import Attempt, Job, Outcome
 from ..schedule import Schedule
 from ._queues import _moment
 
-_DAYS = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
-_MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-)
 _RECENT_ATTEMPTS = 10
 
 
 def describe_schedule(schedule: Schedule | None) -> str:
-    """Return the schedule in words ("every 5 minutes", "daily at 03:15 UTC"); the cron fields where no words fit."""
-    if schedule is None:
-        return str(_("only when kicked or run by hand"))
-    minute, hour, day, month, weekday = schedule.fields.split()
-    if (day, month) != ("*", "*") and not (day.isdigit() and month == "*" and weekday == "*"):
-        if day.isdigit() and month.isdigit() and weekday == "*" and minute.isdigit() and hour.isdigit():
-            return f"yearly on {_MONTHS[int(month) - 1]} {int(day)} at {int(hour):02d}:{int(minute):02d} UTC"
-        return f"at cron {schedule.fields} (UTC)"
-    if hour == "*" and weekday == "*" and day == "*":
-        if minute == "*":
-            return "every minute"
-        if minute.startswith("*/") and minute[2:].isdigit():
-            return f"every {int(minute[2:])} minutes"
-        if minute.isdigit():
-            return f"hourly at minute {int(minute)}"
-    if minute.isdigit() and hour.isdigit():
-        at = f"{int(hour):02d}:{int(minute):02d} UTC"
-        if day == "*" and weekday == "*":
-            return f"daily at {at}"
-        if day == "*" and weekday.isdigit() and int(weekday) <= 7:
-            return f"every {_DAYS[int(weekday) % 7]} at {at}"
-        if day.isdigit() and weekday == "*":
-            return f"monthly on day {int(day)} at {at}"
-    if minute.isdigit() and hour.startswith("*/") and hour[2:].isdigit() and (day, weekday) == ("*", "*"):
-        return f"every {int(hour[2:])} hours at minute {int(minute)}"
-    return f"at cron {schedule.fields} (UTC)"
-
-
-def _sync_registered_jobs() -> None:
-    """Make the Job (and Lease) rows of jobs that never ran, so the jobs page lists every registered job."""
-    from ..runner import sync_jobs
-
-    sync_jobs()
+    """Return the schedule in words (see ``fabrika_django._schedule_words``)."""
+    return describe(schedule)
 
 
 def _outcome_badge(outcome: str) -> str:
@@ -135,11 +92,19 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         css = {"all": ["fabrika_django/admin.css"]}
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        leased = Lease.objects.filter(job=OuterRef("name"), token__isnull=False, expires__gt=timezone.now())
-        return super().get_queryset(request).annotate(active=Exists(leased))
+        return super().get_queryset(request).annotate(active=_jobstate.active_annotation(timezone.now()))
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _JobChangeList
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        """Return the job's row; for a registered job without one yet, the row it will have (unsaved)."""
+        job = super().get_object(request, object_id, from_field)
+        if job is None and object_id in registry:
+            job = Job(name=object_id)
+        return job
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
-        _sync_registered_jobs()
         context = {
             "fabrika_overview_url": reverse(f"{self.admin_site.name}:fabrika_django_overview"),
             **(extra_context or {}),
@@ -233,7 +198,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description=_("Run selected now"), permissions=["change"])
     def run_selected_now(self, request: HttpRequest, queryset: Any) -> None:
         """Kick each selected registered job: a worker runs it within seconds."""
-        names = [job.name for job in queryset if job.name in registry]
+        # A registered job listed without a row yet is selected by name: the queryset holds rows only.
+        selected = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+        names = sorted({job.name for job in queryset} | selected & set(_registered_names()))
+        names = [name for name in names if name in registry]
         for name in names:
             _kick(name)
         self.message_user(
@@ -258,7 +226,9 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Kick one job from its page: POST only, CSRF (admin_view), the change permission on jobs."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        job = get_object_or_404(Job, pk=object_id)
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404
         if not self.has_change_permission(request, job):
             raise PermissionDenied
         if job.name not in registry:
@@ -287,9 +257,32 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 def _kick(name: str) -> None:
-    from ..kicks import kick
-
     kick(name)
+
+
+class _JobChangeList(ChangeList):
+    """The jobs list: a registered job without rows yet is listed too, as the row it will have (unsaved).
+
+    Nothing is written on a GET: the rows are made by the job's first run, a kick, or a worker's start.
+    """
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        if self.query or self.get_filters_params() or self.page_num > 1:
+            return
+        listed = set(Job.objects.values_list("name", flat=True))
+        missing = [Job(name=job.name) for job in registry if job.name not in listed]
+        if not missing:
+            return
+        for job in missing:
+            job.active = False  # type: ignore[attr-defined]
+        self.result_list = sorted([*self.result_list, *missing], key=lambda job: job.name)
+        self.result_count += len(missing)
+        self.full_result_count = (self.full_result_count or 0) + len(missing)
+
+
+def _registered_names() -> list[str]:
+    return [job.name for job in registry]
 
 
 def _registered(job: Job) -> Any:

@@ -3,97 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from django.apps import apps
-from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin import AdminSite
-from django.db import connections, models, router
-from django.db.models import Exists, OuterRef
+from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
-from ..jobs import registry
-from ..models import Job, Lease, Overview, QueueModel
-from ..queues import max_attempts_of
+from .._queuestate import STATES
+from .._report import count_queue, job_states, queue_models
+from ..models import Overview
 
 #: Done rows are counted up to this many: past it the page says "10000+" instead of reading the whole table.
 DONE_COUNT_CAP = 10_000
-
-
-@dataclass
-class _QueueCounts:
-    model: type[models.Model]
-    waiting: int
-    due_now: int
-    dead: int
-    done: int  # DONE_COUNT_CAP + 1 means "more than the cap"
-    oldest_due: datetime | None
-
-
-def queue_models() -> list[type[models.Model]]:
-    """Return every concrete queue model of the project, by label."""
-    found = [
-        model
-        for model in apps.get_models()
-        if issubclass(model, QueueModel) and not model._meta.abstract and not model._meta.proxy
-    ]
-    return sorted(found, key=lambda model: model._meta.label)
-
-
-def _count_sql(model: type[models.Model], now: datetime, using: str) -> tuple[str, list[Any]]:
-    """Return the one statement that counts a queue table's states, and its parameters.
-
-    The outer query reads only rows with ``due`` set, the predicate of the table's partial index, so waiting,
-    due-now and dead rows are counted from that index however many done rows the table holds. Done rows are
-    counted in a sub-select that stops at ``DONE_COUNT_CAP + 1``: a million finished rows cost no more than
-    ten thousand. Written by hand because the ORM's ``aggregate()`` refuses the scalar sub-select.
-    """
-    connection = connections[using]
-    quote = connection.ops.quote_name
-    opts = model._meta
-    due_field: Any = opts.get_field("due")
-    attempts_field: Any = opts.get_field("attempts")
-    table, due, attempts = quote(opts.db_table), quote(due_field.column), quote(attempts_field.column)
-    limit, moment = max_attempts_of(model), due_field.get_db_prep_save(now, connection)
-    waiting = f"{attempts} < %s"
-    due_now = f"{attempts} < %s AND {due} <= %s"
-    sql = (
-        f"SELECT COUNT(CASE WHEN {waiting} THEN 1 END), "  # noqa: S608  quoted names, values as parameters
-        f"COUNT(CASE WHEN {due_now} THEN 1 END), "
-        f"COUNT(CASE WHEN {attempts} >= %s THEN 1 END), "
-        f"MIN(CASE WHEN {due_now} THEN {due} END), "
-        f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {due} IS NULL LIMIT %s) fabrika_done) "
-        f"FROM {table} WHERE {due} IS NOT NULL"
-    )
-    return sql, [limit, limit, moment, limit, limit, moment, DONE_COUNT_CAP + 1]
-
-
-def count_queue(model: type[models.Model], now: datetime) -> _QueueCounts:
-    """Count one queue table's rows by state in one statement (see ``_count_sql``)."""
-    using = router.db_for_read(model)
-    sql, params = _count_sql(model, now, using)
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        waiting, due_now, dead, oldest, done = cursor.fetchone()
-    return _QueueCounts(model, waiting, due_now, dead, done, _as_datetime(oldest))
-
-
-def _as_datetime(value: Any) -> datetime | None:
-    """Return a MIN() of a datetime column as an aware datetime (SQLite answers text, MySQL a naive UTC value)."""
-    if value is None or isinstance(value, datetime) and timezone.is_aware(value):
-        return value
-    moment = value if isinstance(value, datetime) else parse_datetime(str(value))
-    if moment is not None and settings.USE_TZ and timezone.is_naive(moment):
-        moment = moment.replace(tzinfo=UTC)
-    return moment
 
 
 def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]) -> str | None:
@@ -110,15 +37,10 @@ def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]
 def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
     rows = []
     for model in queue_models():
-        counts = count_queue(model, now)
+        counts = count_queue(model, now, cap=DONE_COUNT_CAP)
         url = _changelist(site, request, model)
         cells = []
-        for state, label in (
-            ("waiting", _("waiting")),
-            ("due_now", _("due now")),
-            ("dead", _("dead")),
-            ("done", _("done")),
-        ):
+        for state, label in STATES:
             value = getattr(counts, state)
             shown = f"{DONE_COUNT_CAP}+" if state == "done" and value > DONE_COUNT_CAP else str(value)
             cells.append(
@@ -146,29 +68,22 @@ def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[di
 
 
 def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
-    from ._jobs import _sync_registered_jobs
-
-    _sync_registered_jobs()
-    leased = Lease.objects.filter(job=OuterRef("name"), token__isnull=False, expires__gt=now)
-    jobs = {job.name: job for job in Job.objects.annotate(active=Exists(leased))}
     rows = []
-    for registered in registry:
-        job = jobs.get(registered.name)
+    for state in job_states(now):
         try:
-            url = reverse(f"{site.name}:fabrika_django_job_change", args=[registered.name])
+            url = reverse(f"{site.name}:fabrika_django_job_change", args=[state["name"]])
         except NoReverseMatch:
             url = None
-        failures = job.failures_in_row if job else 0
         rows.append(
             {
-                "name": registered.name,
+                "name": state["name"],
                 "url": url,
-                "active": bool(job and getattr(job, "active", False)),
-                "pending": bool(job and job.pending_since),
-                "last_outcome": job.last_outcome if job else "",
-                "last_finished": job.last_finished if job else None,
-                "last_success": job.last_success if job else None,
-                "failures_in_row": failures,
+                "active": state["active"],
+                "pending": state["pending"],
+                "last_outcome": state["last_outcome"],
+                "last_finished": state["last_finished"],
+                "last_success": state["last_success"],
+                "failures_in_row": state["failures_in_row"],
             }
         )
     return rows

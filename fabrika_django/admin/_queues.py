@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.contrib import admin, messages
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.core.exceptions import PermissionDenied
-from django.db import models
-from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -20,42 +18,13 @@ from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .._queuestate import STATES, row_state_at, state_q
 from ..exceptions import VersionConflict
-from ..queues import max_attempts_of
 
-#: The states a person filters by, in the order the admin shows them.
-STATES = (
-    ("waiting", _("waiting")),
-    ("due_now", _("due now")),
-    ("dead", _("dead")),
-    ("done", _("done")),
-)
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
 _READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
 _REQUEUED = [{"changed": {"fields": ["due", "attempts"]}}]  # the admin history's entry of a requeue
 _COLUMNS = ("queue_state", "attempts", "queue_due", "last_failure")
-
-
-def _state_q(model: type[models.Model], state: str, now: datetime) -> Q:
-    """Return the condition of ``state``; every branch keeps ``due IS NOT NULL`` so the partial index serves it."""
-    limit = max_attempts_of(model)
-    if state == "waiting":
-        return Q(due__isnull=False, attempts__lt=limit)
-    if state == "due_now":
-        return Q(due__isnull=False, attempts__lt=limit, due__lte=now)
-    if state == "dead":
-        return Q(due__isnull=False, attempts__gte=limit)
-    if state == "done":
-        return Q(due__isnull=True)
-    raise ValueError(f"{state!r} is not a queue state: use one of {', '.join(key for key, _label in STATES)}.")
-
-
-def _row_state(row: Any, now: datetime) -> str:
-    """Return the row's state as the filter names it: a waiting row whose time has come is "due_now"."""
-    state = str(row.state)
-    if state == "waiting" and row.due is not None and row.due <= now:
-        return "due_now"
-    return state
 
 
 def _flat(lines: Any) -> list[str]:
@@ -92,7 +61,7 @@ class StateListFilter(admin.SimpleListFilter):
         value = self.value()
         if value not in dict(STATES):
             return queryset
-        return queryset.filter(_state_q(queryset.model, str(value), timezone.now()))
+        return queryset.filter(state_q(queryset.model, str(value), timezone.now()))
 
 
 if TYPE_CHECKING:
@@ -158,7 +127,7 @@ class QueueModelAdminMixin(_AdminBase):
 
     @admin.display(description=_("state"), ordering="due")
     def queue_state(self, row: Any) -> str:
-        state = _row_state(row, timezone.now())
+        state = row_state_at(row, timezone.now())
         return _badge(state, dict(STATES)[state])
 
     @admin.display(description=_("due"), ordering="due")

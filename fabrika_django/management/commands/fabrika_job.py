@@ -1,22 +1,20 @@
 """``manage.py fabrika_job run | worker | crontab | list | status | kick | requeue``: parsing and dispatch.
 
-A run lives in ``fabrika_django.runner``, the loop in ``fabrika_django.worker``; both are imported inside
-their handlers, so the other actions work whatever those modules import. Exit codes: 0 done, 1 a run or a
-requeue failed, 2 a usage error (unknown job, unknown model, bad flag), always as one line on stderr.
+A run lives in ``fabrika_django.runner``, the loop in ``fabrika_django.worker``, the status report in
+``fabrika_django._report`` (with the admin's overview). Exit codes: 0 done, 1 a run or a requeue failed, 2 a
+usage error (unknown job, unknown model, bad flag), always as one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,11 +23,13 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from fabrika_django import _report, kicks, runner, worker
+from fabrika_django._process import stop_signals
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
+from fabrika_django.models import QueueModel
 
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
 _COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -127,8 +127,9 @@ class Command(BaseCommand):
 
     def _handle_run(self, *, name: str, **options: Any) -> None:
         job = registry.get(name)
-        runner = _import("fabrika_django.runner", "the runner")
-        with _stop_on_sigterm() as stop:
+        stop = threading.Event()
+        # SIGTERM (cron's or a supervisor's stop) ends the run as the worker's does; Ctrl-C stays an interrupt.
+        with stop_signals(stop.set, signals=(signal.SIGTERM,)):
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:
@@ -149,17 +150,14 @@ class Command(BaseCommand):
     def _handle_worker(self, *, concurrency: int | None, only: list[str] | None, **options: Any) -> None:
         for name in only or ():
             registry.get(name)
-        worker = _import("fabrika_django.worker", "the worker")
-        kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout}
+        kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
         if concurrency is not None:
             kwargs["concurrency"] = concurrency
-        if "verbosity" in inspect.signature(worker.Worker).parameters:
-            kwargs["verbosity"] = options.get("verbosity", 1)
         worker.Worker(**kwargs).run()
 
     def _handle_kick(self, *, name: str, **options: Any) -> None:
         job = registry.get(name)
-        _import("fabrika_django.kicks", "kicks").kick(job.name)
+        kicks.kick(job.name)
         self.stdout.write(f"Kicked {job.name}: a running worker starts it within seconds.")
 
     # -- crontab, list, status ---------------------------------------------------------------------
@@ -191,7 +189,7 @@ class Command(BaseCommand):
         self._table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "kicks", "mailer"), rows)
 
     def _handle_status(self, *, json: bool, **options: Any) -> None:
-        report = _status(timezone.now())
+        report = _report.status(timezone.now())
         if json:
             self.stdout.write(_json_dumps(report))
             return
@@ -230,8 +228,6 @@ class Command(BaseCommand):
     # -- requeue -----------------------------------------------------------------------------------
 
     def _handle_requeue(self, *, model: str, dead: bool, ids: list[str] | None, **options: Any) -> None:
-        from fabrika_django.models import QueueModel
-
         try:
             queue_model = apps.get_model(model)
         except (LookupError, ValueError):
@@ -280,36 +276,6 @@ class Command(BaseCommand):
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
 
 
-def _import(module: str, what: str) -> Any:
-    """Import ``module`` in the handler that needs it, so every other action works without it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        raise CommandError(
-            f"{what.capitalize()} is not available in this version ({module} is missing): "
-            "run jobs with 'fabrika_job run NAME' from the lines 'fabrika_job crontab' prints.",
-            returncode=1,
-        ) from None
-
-
-@contextmanager
-def _stop_on_sigterm() -> Iterator[threading.Event]:
-    """Turn SIGTERM (cron's or a supervisor's stop) into the run's stop event, as the worker does."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _manage_py(given: str | None) -> Path:
     """Find the manage.py the crontab's lines call: --manage-py, the one running, or the project's."""
     candidates = []
@@ -347,66 +313,3 @@ def _duration(delta: timedelta) -> str:
 
 def _json_dumps(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=True)
-
-
-def _status(now: datetime) -> dict[str, Any]:
-    """Count each queue table's rows by state and read each job's Job and Lease rows."""
-    from fabrika_django.models import Job, Lease, QueueModel
-    from fabrika_django.queues import max_attempts_of
-
-    queues = []
-    for model in apps.get_models():
-        if not issubclass(model, QueueModel):
-            continue
-        limit = max_attempts_of(model)
-        waiting = Q(due__isnull=False, attempts__lt=limit)
-        due_now = waiting & Q(due__lte=now)
-        counts = model._default_manager.aggregate(
-            waiting=Count("pk", filter=waiting),
-            due_now=Count("pk", filter=due_now),
-            dead=Count("pk", filter=Q(due__isnull=False, attempts__gte=limit)),
-            done=Count("pk", filter=Q(due__isnull=True)),
-            oldest=Min("due", filter=due_now),
-        )
-        oldest = counts.pop("oldest")
-        queues.append(
-            {
-                "model": model._meta.label,
-                **counts,
-                "oldest_due_age_seconds": None if oldest is None else round((now - oldest).total_seconds(), 3),
-            }
-        )
-    names = [job.name for job in registry]
-    states = {row["name"]: row for row in Job.objects.filter(name__in=names).values()}
-    leases = {row["job"]: row for row in Lease.objects.filter(job__in=names).values()}
-    jobs = []
-    for job in registry:
-        state: dict[str, Any] = dict(states.get(job.name) or {})
-        lease: dict[str, Any] = dict(leases.get(job.name) or {})
-        expires = lease.get("expires")
-        active = bool(lease.get("token")) and expires is not None and expires > now
-        pending = state.get("pending_since") is not None
-        jobs.append(
-            {
-                "name": job.name,
-                "state": _state_word(active, pending),
-                "active": active,
-                "pending": pending,
-                "holder": lease.get("holder") if active else None,
-                "next_fire": _utc(state.get("next_fire")),
-                "last_run_id": str(state["last_run_id"]) if state.get("last_run_id") else None,
-                "last_trigger": state.get("last_trigger") or None,
-                "last_started": _utc(state.get("last_started")),
-                "last_finished": _utc(state.get("last_finished")),
-                "last_outcome": state.get("last_outcome") or None,
-                "last_success": _utc(state.get("last_success")),
-                "failures_in_row": state.get("failures_in_row", 0),
-            }
-        )
-    return {"now": _utc(now), "queues": queues, "jobs": jobs}
-
-
-def _state_word(active: bool, pending: bool) -> str:
-    if active:
-        return "active, pending" if pending else "active"
-    return "pending" if pending else "idle"

@@ -1,0 +1,149 @@
+"""What the admin's overview and ``fabrika_job status`` report: each queue table's counts, each job's state.
+
+Both read the same data the same way: queue rows counted by the states of ``_queuestate`` (one statement
+per table), jobs read through ``_jobstate.job_states`` (nothing written on a read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.db import connections, models, router
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from . import _jobstate
+from ._queuestate import state_sql
+from .jobs import registry
+from .models import QueueModel
+
+
+@dataclass
+class QueueCounts:
+    model: type[models.Model]
+    waiting: int
+    due_now: int
+    dead: int
+    done: int  # cap + 1 means "more than the cap"
+    oldest_due: datetime | None
+
+
+def queue_models() -> list[type[models.Model]]:
+    """Return every concrete queue model of the project, by label."""
+    found = [
+        model
+        for model in apps.get_models()
+        if issubclass(model, QueueModel) and not model._meta.abstract and not model._meta.proxy
+    ]
+    return sorted(found, key=lambda model: model._meta.label)
+
+
+def count_sql(model: type[models.Model], now: datetime, using: str, cap: int | None) -> tuple[str, list[Any]]:
+    """Return the one statement that counts a queue table's states, and its parameters.
+
+    The outer query reads only rows with ``due`` set, the predicate of the table's partial index, so waiting,
+    due-now and dead rows are counted from that index however many done rows the table holds. Done rows are
+    counted in a sub-select that stops at ``cap + 1`` (when a cap is given): a million finished rows cost no
+    more than ten thousand. Written out because the ORM's ``aggregate()`` refuses the scalar sub-select; the
+    conditions are the states' own ``Q`` compiled.
+    """
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    opts = model._meta
+    due_field: Any = opts.get_field("due")
+    table, due = quote(opts.db_table), quote(due_field.column)
+    waiting, waiting_params = state_sql(model, "waiting", now, connection)
+    due_now, due_now_params = state_sql(model, "due_now", now, connection)
+    dead, dead_params = state_sql(model, "dead", now, connection)
+    done, done_params = state_sql(model, "done", now, connection)
+    limit = "" if cap is None else " LIMIT %s"
+    sql = (
+        f"SELECT COUNT(CASE WHEN {waiting} THEN 1 END), "  # noqa: S608  quoted names, values as parameters
+        f"COUNT(CASE WHEN {due_now} THEN 1 END), "
+        f"COUNT(CASE WHEN {dead} THEN 1 END), "
+        f"MIN(CASE WHEN {due_now} THEN {due} END), "
+        f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {done}{limit}) fabrika_done) "
+        f"FROM {table} WHERE {due} IS NOT NULL"
+    )
+    params = [*waiting_params, *due_now_params, *dead_params, *due_now_params, *done_params]
+    return sql, params + ([] if cap is None else [cap + 1])
+
+
+def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = None) -> QueueCounts:
+    """Count one queue table's rows by state in one statement (see ``count_sql``)."""
+    using = router.db_for_read(model)
+    sql, params = count_sql(model, now, using, cap)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        waiting, due_now, dead, oldest, done = cursor.fetchone()
+    return QueueCounts(model, waiting, due_now, dead, done, _as_datetime(oldest))
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    """Return a MIN() of a datetime column as an aware datetime (SQLite answers text, MySQL a naive UTC value)."""
+    if value is None or isinstance(value, datetime) and timezone.is_aware(value):
+        return value
+    moment = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if moment is not None and settings.USE_TZ and timezone.is_naive(moment):
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+def job_states(now: datetime) -> list[dict[str, Any]]:
+    """Return each registered job's row (defaults for a job without one) with ``active``, ``holder``, ``pending``."""
+    names = [job.name for job in registry]
+    states = _jobstate.job_states(names, now)
+    return [states[name] for name in names]
+
+
+def job_state_word(state: dict[str, Any]) -> str:
+    """Return "active", "active, pending", "pending" or "idle"."""
+    if state["active"]:
+        return "active, pending" if state["pending"] else "active"
+    return "pending" if state["pending"] else "idle"
+
+
+def status(now: datetime) -> dict[str, Any]:
+    """The report of ``fabrika_job status``: each queue table's counts (done exactly), each job's state."""
+    queues = []
+    for model in queue_models():
+        counts = count_queue(model, now)
+        oldest = counts.oldest_due
+        queues.append(
+            {
+                "model": model._meta.label,
+                "waiting": counts.waiting,
+                "due_now": counts.due_now,
+                "dead": counts.dead,
+                "done": counts.done,
+                "oldest_due_age_seconds": None if oldest is None else round((now - oldest).total_seconds(), 3),
+            }
+        )
+    jobs = []
+    for state in job_states(now):
+        jobs.append(
+            {
+                "name": state["name"],
+                "state": job_state_word(state),
+                "active": state["active"],
+                "pending": state["pending"],
+                "holder": state["holder"],
+                "next_fire": _utc(state["next_fire"]),
+                "last_run_id": str(state["last_run_id"]) if state["last_run_id"] else None,
+                "last_trigger": state["last_trigger"] or None,
+                "last_started": _utc(state["last_started"]),
+                "last_finished": _utc(state["last_finished"]),
+                "last_outcome": state["last_outcome"] or None,
+                "last_success": _utc(state["last_success"]),
+                "failures_in_row": state["failures_in_row"],
+            }
+        )
+    return {"now": _utc(now), "queues": queues, "jobs": jobs}
+
+
+def _utc(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
