@@ -319,3 +319,17 @@ def test_every_code_that_can_end_an_attempt_has_an_outcome_choice():
     }
     assert len(codes) > 20
     assert codes - set(Outcome.values) == set()
+
+
+
+def test_outcome_codes_are_not_written_into_migrations():
+    # A migration keeps the callable's name, not the list: a new Outcome member needs no migration.
+    from importlib import import_module
+
+    from fabrika_django.models import Attempt, Outcome, _outcome_choices
+
+    assert Attempt._meta.get_field("outcome").deconstruct()[3]["choices"] is _outcome_choices
+    initial = import_module("fabrika_django.migrations.0001_initial").Migration
+    (attempt,) = [op for op in initial.operations if getattr(op, "name", "") == "Attempt"]
+    assert dict(attempt.fields)["outcome"].deconstruct()[3]["choices"] is _outcome_choices
+    assert dict(Attempt._meta.get_field("outcome").choices) == dict(Outcome.choices)
