@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
-from .kicks import CHANNEL
+from ._channel import CHANNEL
+from .backoff import doubling
 
 logger = logging.getLogger("fabrika_django.worker")
 
@@ -33,7 +35,7 @@ class Backoff:
 
     def next(self) -> float:
         self.failures += 1
-        return min(self.cap, self.first * 2 ** (self.failures - 1))
+        return doubling(timedelta(seconds=self.first), self.failures, timedelta(seconds=self.cap)).total_seconds()
 
     def reset(self) -> None:
         self.failures = 0

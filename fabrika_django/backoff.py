@@ -3,7 +3,8 @@
 A claimed row waits ``min(period * 2 ** (attempts_after - 1), MAX_ROW_BACKOFF)`` before it is due again,
 where ``period`` is the running job's schedule period (``DEFAULT_PERIOD`` for a job without a schedule)
 and ``attempts_after`` the row's attempts including this claim. A failed attempt of a run is retried after
-``min(RETRY_BASE * 2 ** (attempt - 1), RETRY_MAX)``: a short pause, so a retry is not the same instant.
+``min(RETRY_BASE * 2 ** (attempt - 1), RETRY_MAX)``: a short pause, so a retry is not the same instant. A
+worker that lost its database waits ``doubling(...)`` between tries the same way.
 """
 
 from __future__ import annotations
@@ -30,4 +31,9 @@ def row_backoff(period: timedelta, attempts_after: int) -> timedelta:
 
 def retry_pause(failed_attempt: int) -> timedelta:
     """Return the pause before the attempt that follows failed attempt number ``failed_attempt``."""
-    return min(RETRY_BASE * 2 ** min(failed_attempt - 1, 10), RETRY_MAX)
+    return doubling(RETRY_BASE, failed_attempt, RETRY_MAX)
+
+
+def doubling(first: timedelta, failures: int, cap: timedelta) -> timedelta:
+    """Return ``min(first * 2 ** (failures - 1), cap)``: the pause after the ``failures``-th failure in a row."""
+    return min(first * 2 ** min(failures - 1, 20), cap)

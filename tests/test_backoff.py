@@ -49,3 +49,12 @@ def test_row_backoff_refuses_a_row_that_was_not_claimed(attempts_after):
 
 def test_a_failed_attempt_is_retried_after_a_short_growing_pause():
     assert [retry_pause(n).total_seconds() for n in (1, 2, 3, 4, 5, 6, 50)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_the_workers_reconnect_backoff_doubles_to_its_cap_and_resets():
+    from fabrika_django._listen import Backoff
+
+    backoff = Backoff(first=0.1, cap=1.0)
+    assert [round(backoff.next(), 3) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    backoff.reset()
+    assert backoff.next() == 0.1
