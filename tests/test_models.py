@@ -321,7 +321,6 @@ def test_every_code_that_can_end_an_attempt_has_an_outcome_choice():
     assert codes - set(Outcome.values) == set()
 
 
-
 def test_outcome_codes_are_not_written_into_migrations():
     # A migration keeps the callable's name, not the list: a new Outcome member needs no migration.
     from importlib import import_module

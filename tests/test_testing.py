@@ -1,5 +1,8 @@
 """The test kit works in pytest-django tests with and without transaction=True, and in Django's TestCase."""
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -9,6 +12,7 @@ from django.test import TestCase, TransactionTestCase
 from fabrika_django.testing import FixedClock, JobResult, run_job
 from testproject.lab.models import Item, Mark
 
+from . import processes
 from .jobs_helpers import temporary_job
 
 
@@ -93,3 +97,37 @@ class RunJobInTransactionTestCase(TransactionTestCase):
         with _register():
             self.assertTrue(run_job("claim_and_finish").ok)
         self.assertEqual(Item.objects.get().state, "done")
+
+
+def _other_database_url():
+    """A DATABASE_URL whose test database is not this run's: Django's runner makes and drops its own."""
+    url = processes.test_database_url()
+    if url.startswith("sqlite"):
+        return "sqlite:///" + str(processes.ROOT / "var" / "django-runner.sqlite3")
+    base, name = url.rsplit("/", 1)
+    return f"{base}/{name.removeprefix('test_')}_django_runner"
+
+
+def test_the_test_kit_imports_without_pytest():
+    code = "import sys; sys.modules['pytest'] = None; import fabrika_django.testing as t; print(t.run_job.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=processes.ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "run_job"), done.stderr[-2000:]
+
+
+@pytest.mark.django_db
+def test_run_job_works_in_a_plain_testcase_run_by_djangos_own_runner(tmp_path):
+    env = dict(
+        os.environ,
+        DATABASE_URL=_other_database_url(),
+        SQLITE_TEST_NAME=str(tmp_path / "runner.sqlite3"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("FABRIKA_LAB", None)
+    args = ["manage.py", "test", "testproject.django_testcase", "--noinput", "-v", "2"]
+    done = subprocess.run(
+        [sys.executable, *args], cwd=processes.ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "test_a_due_reminder_is_sent_and_a_later_one_waits" in done.stderr and "OK" in done.stderr
