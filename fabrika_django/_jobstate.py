@@ -77,6 +77,16 @@ def active_annotation(now: datetime) -> Any:
     return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
 
 
+def job_names() -> set[str]:
+    """Return the names of the jobs that have a ``Job`` row."""
+    return set(Job.objects.values_list("name", flat=True))
+
+
+def recent_attempts(name: str, count: int) -> list[Attempt]:
+    """Return the job's last ``count`` attempts, newest first."""
+    return list(Attempt.objects.filter(job=name)[:count])
+
+
 # -- rows -----------------------------------------------------------------------------------------------
 
 

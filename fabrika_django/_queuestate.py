@@ -28,6 +28,10 @@ STATES = (
 )
 
 
+#: The rows a queue table's partial ``(due, pk)`` index holds: waiting and dead ones (every state but done).
+NOT_DONE = Q(due__isnull=False)
+
+
 def max_attempts_of(model: type[models.Model]) -> int:
     """Return the model's ``Queue.max_attempts`` (10 when it declares none)."""
     return int(getattr(getattr(model, "Queue", None), "max_attempts", DEFAULT_MAX_ATTEMPTS))
@@ -37,13 +41,13 @@ def state_q(model: type[models.Model], state: str, now: datetime | None = None) 
     """Return the condition of ``state`` on ``model``'s rows (``due_now`` needs ``now``)."""
     limit = max_attempts_of(model)
     if state == "waiting":
-        return Q(due__isnull=False, attempts__lt=limit)
+        return NOT_DONE & Q(attempts__lt=limit)
     if state == "due_now":
         if now is None:
             raise ValueError("state_q(..., 'due_now') needs now=: the moment rows are due by.")
-        return Q(due__isnull=False, attempts__lt=limit, due__lte=now)
+        return NOT_DONE & Q(attempts__lt=limit, due__lte=now)
     if state == "dead":
-        return Q(due__isnull=False, attempts__gte=limit)
+        return NOT_DONE & Q(attempts__gte=limit)
     if state == "done":
         return Q(due__isnull=True)
     raise ValueError(f"{state!r} is not a queue state: use one of {', '.join(key for key, _label in STATES)}.")
@@ -66,7 +70,12 @@ def row_state_at(row: Any, now: datetime) -> str:
 
 def state_sql(model: type[models.Model], state: str, now: datetime | None, connection: Any) -> tuple[str, list[Any]]:
     """Return ``state_q`` as SQL on ``model``'s table (unqualified column names), and its parameters."""
+    return q_sql(model, state_q(model, state, now), connection)
+
+
+def q_sql(model: type[models.Model], condition: Q, connection: Any) -> tuple[str, list[Any]]:
+    """Return a condition on ``model``'s table as SQL (unqualified column names), and its parameters."""
     query = Query(model, alias_cols=False)
-    where = query.build_where(state_q(model, state, now))
+    where = query.build_where(condition)
     sql, params = where.as_sql(query.get_compiler(connection=connection), connection)
     return sql, list(params)

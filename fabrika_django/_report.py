@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from . import _jobstate
-from ._queuestate import state_sql
+from ._queuestate import NOT_DONE, q_sql, state_sql
 from .jobs import registry
 from .models import QueueModel
 
@@ -56,6 +56,7 @@ def count_sql(model: type[models.Model], now: datetime, using: str, cap: int | N
     opts = model._meta
     due_field: Any = opts.get_field("due")
     table, due = quote(opts.db_table), quote(due_field.column)
+    indexed, indexed_params = q_sql(model, NOT_DONE, connection)
     waiting, waiting_params = state_sql(model, "waiting", now, connection)
     due_now, due_now_params = state_sql(model, "due_now", now, connection)
     dead, dead_params = state_sql(model, "dead", now, connection)
@@ -67,10 +68,10 @@ def count_sql(model: type[models.Model], now: datetime, using: str, cap: int | N
         f"COUNT(CASE WHEN {dead} THEN 1 END), "
         f"MIN(CASE WHEN {due_now} THEN {due} END), "
         f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {done}{limit}) fabrika_done) "
-        f"FROM {table} WHERE {due} IS NOT NULL"
+        f"FROM {table} WHERE {indexed}"
     )
     params = [*waiting_params, *due_now_params, *dead_params, *due_now_params, *done_params]
-    return sql, params + ([] if cap is None else [cap + 1])
+    return sql, params + ([] if cap is None else [cap + 1]) + indexed_params
 
 
 def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = None) -> QueueCounts:

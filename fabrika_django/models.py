@@ -7,14 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import models, router, transaction
-from django.db.models import Q
 from django.db.models.deletion import Collector
 from django.db.models.signals import class_prepared
 from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state
+from ._queuestate import DEFAULT_MAX_ATTEMPTS, NOT_DONE, max_attempts_of, row_state
 from .exceptions import VersionConflict
 from .queues import QueueManager, _now, _refuse_own_fields, _update_row
 
@@ -124,7 +123,7 @@ def _add_partial_due_index(sender: type[models.Model], **kwargs: Any) -> None:
     if any(index.name == named.name for index in sender._meta.indexes):
         return
     # Done rows (due null) are most of a busy table and never looked up by due.
-    partial = models.Index(fields=fields, name=named.name, condition=Q(due__isnull=False))
+    partial = models.Index(fields=fields, name=named.name, condition=NOT_DONE)
     sender._meta.indexes = [*sender._meta.indexes, partial]
     # Migrations read a model's indexes only when its Meta declared some.
     sender._meta.original_attrs["indexes"] = sender._meta.indexes
@@ -169,7 +168,7 @@ class Outcome(models.TextChoices):
     OUTCOME_UNKNOWN = "outcome_unknown", _("outcome unknown")
 
 
-def _outcome_choices() -> list[tuple[str, str]]:
+def _outcome_choices() -> list[tuple[str, Any]]:
     """The outcome field's choices, read from ``Outcome`` when asked: a migration keeps only this function's
     name, so a new outcome code costs no migration."""
     return Outcome.choices

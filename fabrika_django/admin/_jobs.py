@@ -175,7 +175,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("recent attempts"))
     def recent_attempts(self, job: Job) -> str:
-        rows = Attempt.objects.filter(job=job.name)[:_RECENT_ATTEMPTS]
+        rows = _jobstate.recent_attempts(job.name, _RECENT_ATTEMPTS)
         if not rows:
             return str(_("none yet"))
         items = format_html_join(
@@ -270,7 +270,7 @@ class _JobChangeList(ChangeList):
         super().get_results(request)
         if self.query or self.get_filters_params() or self.page_num > 1:
             return
-        listed = set(Job.objects.values_list("name", flat=True))
+        listed = _jobstate.job_names()
         missing = [Job(name=job.name) for job in registry if job.name not in listed]
         if not missing:
             return
