@@ -74,7 +74,7 @@ def _begin_with(connection: Any, cursor: Any, sql: str, params: list[Any]) -> bo
     psycopg's documented low-level connection (``pgconn``); psycopg then finds the transaction open and sends
     no BEGIN of its own. Inside a transaction already (a TestCase) the lock is an ordinary statement.
     """
-    import psycopg
+    import psycopg  # the postgres extra's: not installed for SQLite-only projects
 
     raw = connection.connection
     if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:

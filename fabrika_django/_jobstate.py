@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connection as default_connection
 from django.db import connections, router, transaction
-from django.db.models import F, Q, Value
+from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -72,8 +72,6 @@ def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
 
 def active_annotation(now: datetime) -> Any:
     """An ``Exists`` to annotate a ``Job`` queryset with ``active`` (the jobs admin)."""
-    from django.db.models import Exists, OuterRef
-
     return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
 
 

@@ -152,6 +152,7 @@ class JobContext:
             raise UndeclaredKick(
                 f"Job '{self.job.name}' kicked '{name}' without declaring it: add it to @cron(..., kicks=[{name!r}])."
             )
+        # Imported on use, here and below: each capability pulls in its own dependencies (models, mail, HTTP).
         from .kicks import kick
 
         kick(name)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .conf import settings
 from .exceptions import UnknownJob
 from .schedule import Schedule, period_of
 
@@ -194,7 +195,6 @@ _PRUNE_BATCH = 1000
 def prune_history(ctx: JobContext) -> None:
     """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
     from . import _jobstate  # it imports the models: this module is imported before the app registry is ready
-    from .conf import settings
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
     pruned = 0
