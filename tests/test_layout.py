@@ -50,8 +50,8 @@ def test_a_queue_rows_state_is_defined_only_in_its_one_home():
 
 def test_the_checks_find_what_they_look_for():
     # A check that cannot fail is a defect: each pattern matches what it forbids.
-    assert _JOB_STATE_SQL.search('Lease.objects.filter(job=name).update(token=None)')
-    assert _JOB_STATE_SQL.search('table = quote(Attempt._meta.db_table)')
+    assert _JOB_STATE_SQL.search("Lease.objects.filter(job=name).update(token=None)")
+    assert _JOB_STATE_SQL.search("table = quote(Attempt._meta.db_table)")
     assert _JOB_STATE_SQL.search('"UPDATE fabrika_django_job SET pending_since = NULL"')
     assert _QUEUE_STATE_PREDICATE.search("Q(due__isnull=False, attempts__lt=limit)")
     assert _QUEUE_STATE_PREDICATE.search('f"COUNT(CASE WHEN {attempts} >= %s THEN 1 END)"')
