@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -194,12 +194,8 @@ class Start:
     max_attempt: int
     #: False for a worker serving the pending flag: start only while it is up (see ``start_or_join``).
     mark_pending: bool = True
-    token: uuid.UUID = None  # type: ignore[assignment]
-    run_id: uuid.UUID = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.token = self.token or uuid.uuid4()
-        self.run_id = self.run_id or uuid.uuid4()
+    token: uuid.UUID = field(default_factory=uuid.uuid4)
+    run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def params(self) -> dict[str, Any]:
         """The named parameters of ``free_lease_start_sql``."""
