@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -258,9 +259,9 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Kick one job from its page: POST only, CSRF (admin_view), the change permission on jobs."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        job = get_object_or_404(Job, pk=object_id)
-        if not self.has_change_permission(request, job):
+        if not self.has_change_permission(request):  # first: the 404 would tell which jobs exist
             raise PermissionDenied
+        job = get_object_or_404(Job, pk=unquote(object_id))
         if job.name not in registry:
             self.message_user(
                 request, _("No registered job has this name: declare it with @cron, then run it."), messages.ERROR
@@ -270,7 +271,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(
                 request, _("Kicked %(name)s: a worker runs it shortly.") % {"name": job.name}, messages.SUCCESS
             )
-        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:fabrika_django_job_change", args=[job.pk]))
+        page = reverse(f"{self.admin_site.name}:fabrika_django_job_change", args=[quote(job.pk)])
+        return HttpResponseRedirect(page)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         job = kwargs.get("obj") or context.get("original")
@@ -282,7 +284,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             show_delete=False,
         )
         if job is not None and job.name in registry and self.has_change_permission(request, job):
-            context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[job.pk])
+            context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[quote(job.pk)])
         return super().render_change_form(request, context, *args, **kwargs)
 
 

@@ -11,6 +11,7 @@ from django.apps import apps
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin import AdminSite
+from django.contrib.admin.utils import quote
 from django.db import connections, models, router
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse
@@ -155,7 +156,7 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
     for registered in registry:
         job = jobs.get(registered.name)
         try:
-            url = reverse(f"{site.name}:fabrika_django_job_change", args=[registered.name])
+            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(registered.name)])
         except NoReverseMatch:
             url = None
         failures = job.failures_in_row if job else 0
