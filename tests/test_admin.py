@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.admin import site
-from django.contrib.admin.utils import quote
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
