@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import os
 import shlex
 import signal
@@ -84,7 +85,9 @@ class Command(BaseCommand):
         return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_Parser)
+        # Not required: with no action, handle() lists them (argparse would only say "ACTION is required").
+        actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+        self._action_names = actions.choices
 
         def action(name: str, help: str) -> CommandParser:
             sub = actions.add_parser(name, help=help, description=help)
@@ -116,7 +119,12 @@ class Command(BaseCommand):
         requeue.add_argument("--dead", action="store_true", help="requeue the dead rows (with --id: those of them)")
         requeue.add_argument("--id", dest="ids", nargs="+", action="extend", metavar="ID", help="requeue these rows")
 
-    def handle(self, *args: Any, action: str, **options: Any) -> None:
+    def handle(self, *args: Any, action: str | None, **options: Any) -> None:
+        if action is None:
+            raise _usage(
+                f"Give an action: {', '.join(self._action_names)} "
+                "('manage.py fabrika_job ACTION --help' for its options)."
+            )
         handler: Callable[..., None] = getattr(self, f"_handle_{action}")
         try:
             handler(**options)
@@ -128,7 +136,8 @@ class Command(BaseCommand):
     def _handle_run(self, *, name: str, **options: Any) -> None:
         job = registry.get(name)
         runner = _import("fabrika_django.runner", "the runner")
-        with _stop_on_sigterm() as stop:
+        quiet = options.get("verbosity", 1) < 1
+        with _stop_on_sigterm() as stop, _fabrika_logs_warnings_only(quiet):
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:
@@ -330,13 +339,41 @@ def _manage_py(given: str | None) -> Path:
 
 def _to_pk(model: Any, value: str) -> Any:
     try:
-        return model._meta.pk.to_python(value)
+        pk = model._meta.pk.to_python(value)
+        model._meta.pk.run_validators(pk)  # the database's integer range: SQLite overflows past 64 bits
+        return pk
     except ValidationError:
         raise _usage(f"{value!r} is not an id of {model._meta.label}: give its primary key values.") from None
 
 
 def _utc(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    """ISO 8601 in UTC with its offset, for status: '2030-01-01T00:15:00+00:00'."""
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="seconds")
+
+
+@contextmanager
+def _fabrika_logs_warnings_only(quiet: bool) -> Iterator[None]:
+    """With -v 0, hold fabrika's own loggers to warnings for the block, whatever LOGGING set (cron mails output)."""
+    if not quiet:
+        yield
+        return
+    names = ["fabrika_django"] + [
+        name for name in logging.root.manager.loggerDict if name.startswith("fabrika_django.")
+    ]
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _duration(delta: timedelta) -> str:
@@ -393,17 +430,17 @@ def _status(now: datetime) -> dict[str, Any]:
                 "active": active,
                 "pending": pending,
                 "holder": lease.get("holder") if active else None,
-                "next_fire": _utc(state.get("next_fire")),
+                "next_fire": _iso(state.get("next_fire")),
                 "last_run_id": str(state["last_run_id"]) if state.get("last_run_id") else None,
                 "last_trigger": state.get("last_trigger") or None,
-                "last_started": _utc(state.get("last_started")),
-                "last_finished": _utc(state.get("last_finished")),
+                "last_started": _iso(state.get("last_started")),
+                "last_finished": _iso(state.get("last_finished")),
                 "last_outcome": state.get("last_outcome") or None,
-                "last_success": _utc(state.get("last_success")),
+                "last_success": _iso(state.get("last_success")),
                 "failures_in_row": state.get("failures_in_row", 0),
             }
         )
-    return {"now": _utc(now), "queues": queues, "jobs": jobs}
+    return {"now": _iso(now), "queues": queues, "jobs": jobs}
 
 
 def _state_word(active: bool, pending: bool) -> str:
