@@ -59,6 +59,19 @@ def _skip_reason():
     return missing
 
 
+def _left_in_temp():
+    return set(Path(tempfile.gettempdir()).glob("fabrika-shots-*")) | set(
+        Path(tempfile.gettempdir()).glob("fabrika-chromium-*")
+    )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nothing_left_in_the_temporary_directory():
+    before = _left_in_temp()
+    yield
+    assert _left_in_temp() - before == set()
+
+
 class AdminInChromiumTests(StaticLiveServerTestCase):
     @classmethod
     def setUpClass(cls):
@@ -81,6 +94,8 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
             shutil.rmtree(cls.profile, ignore_errors=True)
             raise
         cls.browser.implicitly_wait(5)
+        # Without FABRIKA_SCREENSHOTS the screenshots are only taken (a page that cannot render fails), then removed.
+        cls.own_shots = not os.environ.get("FABRIKA_SCREENSHOTS")
         cls.shots = Path(os.environ.get("FABRIKA_SCREENSHOTS") or tempfile.mkdtemp(prefix="fabrika-shots-"))
         cls.shots.mkdir(parents=True, exist_ok=True)
 
@@ -88,6 +103,8 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
     def tearDownClass(cls):
         cls.browser.quit()
         shutil.rmtree(cls.profile, ignore_errors=True)
+        if cls.own_shots:
+            shutil.rmtree(cls.shots, ignore_errors=True)
         super().tearDownClass()
 
     def setUp(self):
