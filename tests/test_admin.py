@@ -540,15 +540,22 @@ def test_attempt_page_shows_the_failure_code_class_and_frames_read_only(admin_cl
     assert attempt.outcome == "handler_failed"
 
 
-def test_only_a_superuser_may_delete_attempts(admin_client):
+def test_nobody_deletes_attempts_or_sent_mail_in_the_admin_a_superuser_neither(admin_client):
+    from fabrika_django.models import SentMail
+
     attempt = _attempt()
+    SentMail.objects.create(key_hash="a" * 64, content_hash="b" * 64, state="unknown", provider="smtp")
     staff = _staff("historian", "fabrika_django.view_attempt", "fabrika_django.delete_attempt")
-    delete = reverse("admin:fabrika_django_attempt_delete", args=[attempt.pk])
-    assert staff.post(delete, {"post": "yes"}).status_code == 403
-    assert "delete_selected" not in _actions(staff.get(ATTEMPTS))
-    assert Attempt.objects.filter(pk=attempt.pk).exists()
-    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
-    assert not Attempt.objects.filter(pk=attempt.pk).exists()
+    deletes = [
+        reverse("admin:fabrika_django_attempt_delete", args=[attempt.pk]),
+        reverse("admin:fabrika_django_sentmail_delete", args=["a" * 64]),
+    ]
+    assert [client.post(url, {"post": "yes"}).status_code for client in (staff, admin_client) for url in deletes] == [
+        403
+    ] * 4
+    assert "delete_selected" not in _actions(admin_client.get(ATTEMPTS))
+    assert "delete_selected" not in _actions(admin_client.get(reverse("admin:fabrika_django_sentmail_changelist")))
+    assert Attempt.objects.filter(pk=attempt.pk).exists() and SentMail.objects.exists()
 
 
 # -- the overview ---------------------------------------------------------------------------------------------------

@@ -312,7 +312,11 @@ class _JobFilter(admin.SimpleListFilter):
 
 
 class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """A framework history table: nobody adds or changes a row; only a superuser deletes one."""
+    """A framework history table, read-only: nobody adds, changes or deletes a row, a superuser neither.
+
+    Attempts leave with the history pruning (``RUN_HISTORY_DAYS``). A sent-mail row is the promise that its
+    key never sends twice: deleting it by hand would let the next try of that key send the message again.
+    """
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -321,12 +325,12 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_superuser)
+        return False
 
 
 @admin.register(Attempt)
 class AttemptAdmin(HistoryAdmin):
-    """Attempts: read-only history; only a superuser deletes."""
+    """Attempts: read-only history."""
 
     list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
     list_filter = (_JobFilter, "outcome", "trigger")
