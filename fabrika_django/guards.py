@@ -42,8 +42,8 @@ _NEUTRAL_VERBS = frozenset(
 )  # fmt: skip
 # A write verb after one of these words is a clause of another statement, not a write of its own:
 # SELECT … FOR [NO KEY] UPDATE, ON CONFLICT … DO UPDATE, ON DUPLICATE KEY UPDATE, MERGE … THEN UPDATE,
-# INSERT OR REPLACE, ON DELETE CASCADE.
-_CLAUSE_BEFORE = frozenset({"FOR", "KEY", "DO", "THEN", "OR", "ON"})
+# INSERT OR REPLACE, ON DELETE CASCADE; after AS or a dot it is a name (an alias, a column).
+_CLAUSE_BEFORE = frozenset({"FOR", "KEY", "DO", "THEN", "OR", "ON", "AS", "."})
 # Words between a write verb and its table: UPDATE ONLY t, DELETE FROM ONLY t, INSERT OR REPLACE INTO t, ...
 _BEFORE_TARGET = frozenset(
     {"INTO", "FROM", "ONLY", "TABLE", "IGNORE", "LOW_PRIORITY", "QUICK", "DELAYED", "OR", "REPLACE", "ABORT",
@@ -138,6 +138,8 @@ def _classify(sql: str) -> tuple[_Write, ...]:
                 continue
             if index and statement[index - 1][1].upper() in _CLAUSE_BEFORE:
                 continue
+            if index and index + 1 < len(statement) and statement[index + 1][1] == "(":
+                continue  # a function inside a statement: REPLACE (...), INSERT (...) (MySQL's string functions)
             # MERGE may insert, change and delete: it needs all three; the guard reads it as unknown.
             action = _ACTION_OF_VERB.get(verb)
             writes.append(_Write(action, _target(statement, index + 1) if action else None))

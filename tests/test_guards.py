@@ -33,6 +33,8 @@ pytestmark = pytest.mark.django_db
         ('SELECT 1 FROM "lab_item" FOR NO KEY UPDATE SKIP LOCKED', False),
         ('WITH k AS (SELECT 1) SELECT * FROM "lab_mark" WHERE "note" = \'update x set y\'', False),
         ("DO $$ BEGIN UPDATE lab_item SET n = 1; END $$", True),
+        ('SELECT REPLACE ("note", %s, %s) AS "delete" FROM "lab_mark"', False),
+        ("EXPLAIN ANALYZE DELETE FROM lab_mark", True),
     ],
 )
 def test_is_write_tells_writes_from_reads(sql, writes):
