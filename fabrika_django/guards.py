@@ -75,15 +75,25 @@ def required_permissions(sql: str) -> tuple[str, ...]:
 
     Raises ValueError for a write whose table or action the guard cannot tell.
     """
+    needed, unknown = _permissions(sql)
+    if unknown:
+        raise ValueError("the write guard cannot tell which table this statement writes")
+    return needed
+
+
+def _permissions(sql: str) -> tuple[tuple[str, ...], bool]:
+    """Return the permissions the writes of ``sql`` need, and whether one write's table is unknown."""
     needed: list[str] = []
+    unknown = False
     for write in _writes(sql):
         if write.action is None or write.table is None:
-            raise ValueError("the write guard cannot tell which table this statement writes")
+            unknown = True
+            continue
         model = _model_of_table(write.table)
         if model is not None:
             opts = model._meta
             needed.append(f"{opts.app_label}.{write.action}_{opts.model_name}")
-    return tuple(needed)
+    return tuple(needed), unknown
 
 
 def _guard(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
@@ -95,20 +105,21 @@ def _guard(execute: Callable[..., Any], sql: str, params: Any, many: bool, conte
                 "`with ctx.transaction():` (reads may stay outside)."
             )
         if run.job.actions is not None or settings.ENFORCE_ACTIONS:
-            _check_permission(run.job, sql)
+            _check_permission(run.job, sql, framework=bool(run.framework_writes))
     return execute(sql, params, many, context)
 
 
-def _check_permission(job: CronJob, sql: str) -> None:
-    try:
-        needed = required_permissions(sql)
-    except ValueError:
+def _check_permission(job: CronJob, sql: str, *, framework: bool) -> None:
+    needed, unknown = _permissions(sql)
+    # The framework's own unreadable statements are EXECUTEs of its prepared statements (a kick), which touch
+    # only its own tables; what it does to an application's table (claim) is plain SQL, checked above.
+    if unknown and not framework:
         raise CapabilityRefused(
-            f"Job '{job.name}' ran a statement whose table the write guard cannot tell (DDL, a DO block, or "
-            "SQL it cannot read): a job that declares actions writes through the ORM or plain "
+            f"Job '{job.name}' ran a statement whose table the write guard cannot tell (DDL, a DO block, "
+            "EXECUTE, or SQL it cannot read): a job that declares actions writes through the ORM or plain "
             "INSERT/UPDATE/DELETE statements.",
             missing="",
-        ) from None
+        )
     for permission in needed:
         if permission not in (job.actions or ()):
             raise CapabilityRefused(
@@ -128,6 +139,13 @@ def _classify(sql: str) -> tuple[_Write, ...]:
     """Read ``sql`` with sqlparse's tokenizer: every write of every statement, CTEs included."""
     writes: list[_Write] = []
     for statement in _statements(sql):
+        if statement[0][1].upper() == "PREPARE":
+            # PREPARE name [(types)] AS statement: the statement is what it will write.
+            words = [value.upper() for _, value in statement]
+            statement = statement[words.index("AS") + 1 :] if "AS" in words else []
+            if not statement:
+                writes.append(_Write(None, None))
+                continue
         first = statement[0][1].upper()
         if first not in _NEUTRAL_VERBS and first != "WITH" and first not in _ACTION_OF_VERB and first != "MERGE":
             writes.append(_Write(None, None))  # DDL, DO, CALL, COPY, LOCK, or what the guard cannot read
