@@ -9,8 +9,9 @@ too), a DELETE ``delete_``; fabrika's own tables are exempt.
 
 Statements are read with sqlparse's tokenizer (Django's own dependency), never by their first word: a comment
 before the verb, a second statement after a read, a data-modifying CTE, ``UPDATE ONLY``, schema-qualified and
-quoted names are all seen. A statement the guard cannot classify (DDL, a DO block, CALL, COPY, ...) counts as a
-write whose table is unknown: it needs ctx.transaction(), and a job that declares actions may not run it.
+quoted names are all seen; PREPARE is read for the statement it prepares. A statement the guard cannot classify
+(DDL, a DO block, CALL, COPY, EXECUTE, ...) counts as a write whose table is unknown: it needs ctx.transaction(),
+and a job that declares actions may not run it (the framework's own EXECUTEs excepted).
 Each SQL string is classified once (an LRU cache): the guard sees every statement of every job.
 """
 
@@ -38,7 +39,8 @@ _ACTION_OF_VERB = {"INSERT": "add", "REPLACE": "add", "UPDATE": "change", "DELET
 # Statements that change no table's rows: reads, transaction control, session settings.
 _NEUTRAL_VERBS = frozenset(
     {"SELECT", "VALUES", "TABLE", "SHOW", "EXPLAIN", "DESCRIBE", "SAVEPOINT", "RELEASE", "ROLLBACK", "BEGIN",
-     "START", "COMMIT", "END", "SET", "RESET", "PRAGMA", "LISTEN", "UNLISTEN", "FETCH", "CLOSE"}
+     "START", "COMMIT", "END", "SET", "RESET", "PRAGMA", "LISTEN", "UNLISTEN", "FETCH", "CLOSE", "DEALLOCATE",
+     "DISCARD"}
 )  # fmt: skip
 # A write verb after one of these words is a clause of another statement, not a write of its own:
 # SELECT … FOR [NO KEY] UPDATE, ON CONFLICT … DO UPDATE, ON DUPLICATE KEY UPDATE, MERGE … THEN UPDATE,
