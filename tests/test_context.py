@@ -97,3 +97,29 @@ def test_a_thread_the_handler_starts_itself_is_not_part_of_the_run():
         assert run_job("plain_thread").ok
     assert errors == [RuntimeError]
     assert WriteOutsideTransaction  # the refusal an executor thread gets instead
+
+
+@pytest.mark.postgresql
+def test_an_executor_thread_stuck_in_the_database_is_cut_off_with_an_abandoned_attempt():
+    from datetime import timedelta
+
+    from django.db import OperationalError, connection
+
+    cut = threading.Event()
+
+    def stuck(ctx):
+        try:
+            with ctx.transaction(), connection.cursor() as cursor:
+                Mark.objects.create(job="stuck", note="never committed")
+                cursor.execute("SELECT pg_sleep(60)")  # ignores the attempt's abort
+        except OperationalError:
+            cut.set()
+
+    def pooled(ctx):
+        with ctx.executor(max_workers=1) as pool:
+            pool.submit(stuck, ctx)
+
+    with temporary_job(pooled, timeout=timedelta(seconds=1)):
+        assert run_job("pooled").failure == "timed_out"
+        assert cut.wait(20), "the executor thread's connection was not cut off"
+    assert not Mark.objects.exists()
