@@ -133,12 +133,13 @@ def _watch(
             next_renewal = sent + renew_every
     if not task.done.is_set() and not task.done.wait(_ABORT_GRACE_SECONDS):
         task.abandoned = True
-        _cut_off(job, box)
+        _cut_off(job, [*box.connections, *ctx._pool_connections])
 
 
-def _cut_off(job: CronJob, box: _Box) -> None:
-    """End a handler that ignored its abort: close its connections so the database frees its locks."""
-    for conn in box.connections:
+def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:
+    """End a handler that ignored its abort: close its connections (and its ctx.executor() threads') so the
+    database frees their locks."""
+    for conn in handler_connections:
         raw = getattr(conn, "connection", None)
         if raw is None:
             continue

@@ -147,4 +147,5 @@ def status(now: datetime) -> dict[str, Any]:
 
 
 def _utc(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    # ISO 8601 with its offset, so a reader never has to guess the zone.
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="seconds")

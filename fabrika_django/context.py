@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cached_property
@@ -113,6 +114,8 @@ class JobContext:
         self.mail_mode = mail_mode
         self._fence = fence
         self._clock = clock
+        #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
+        self._pool_connections: list[Any] = []
         self.log = _JobLogAdapter(logger, {"job": job.name, "run": str(run_id), "attempt": attempt})
 
     def __repr__(self) -> str:
@@ -145,6 +148,17 @@ class JobContext:
                 self._fence.check()
             finally:
                 run.in_transaction = outer
+
+    def executor(self, max_workers: int) -> Executor:
+        """Return a thread pool (a ``concurrent.futures.Executor``) whose threads belong to this attempt.
+
+        Use it as ``with ctx.executor(max_workers=4) as pool:``. In its threads, as in the handler's,
+        ``ctx.transaction()`` is fenced by the attempt's lease and a write outside it is refused; each thread
+        has its own database connections. A thread the handler starts any other way is outside the attempt.
+        """
+        from ._pool import RunExecutor
+
+        return RunExecutor(self, max_workers)
 
     def kick(self, name: str) -> None:
         """Kick a job declared in this job's ``kicks``; inside ctx.transaction() it goes out on commit."""

@@ -6,18 +6,27 @@ Installed on every database connection of the thread that runs a handler, with D
 rule through ``_running.framework_write()``. The permission rule applies to a job that declares ``actions``,
 and to every job when ``ENFORCE_ACTIONS`` is on: an INSERT needs ``add_``, an UPDATE ``change_`` (claim
 too), a DELETE ``delete_``; fabrika's own tables are exempt.
+
+Statements are read with sqlparse's tokenizer (Django's own dependency), never by their first word: a comment
+before the verb, a second statement after a read, a data-modifying CTE, ``UPDATE ONLY``, schema-qualified and
+quoted names are all seen; PREPARE is read for the statement it prepares. A statement the guard cannot classify
+(DDL, a DO block, CALL, COPY, EXECUTE, ...) counts as a write whose table is unknown: it needs ctx.transaction(),
+and a job that declares actions may not run it (the framework's own EXECUTEs excepted).
+Each SQL string is classified once (an LRU cache): the guard sees every statement of every job.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+import sqlparse.lexer
 from django.apps import apps
 from django.db import connections
+from sqlparse import tokens as T
 
 from ._running import active_run
 from .conf import settings
@@ -26,26 +35,67 @@ from .exceptions import CapabilityRefused, WriteOutsideTransaction
 if TYPE_CHECKING:
     from .jobs import CronJob
 
-_WRITE_VERBS = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE", "MERGE", "TRUNCATE", "CREATE", "DROP", "ALTER"})
+_ACTION_OF_VERB = {"INSERT": "add", "REPLACE": "add", "UPDATE": "change", "DELETE": "delete", "TRUNCATE": "delete"}
+# Statements that change no table's rows: reads, transaction control, session settings.
+_NEUTRAL_VERBS = frozenset(
+    {"SELECT", "VALUES", "TABLE", "SHOW", "EXPLAIN", "DESCRIBE", "SAVEPOINT", "RELEASE", "ROLLBACK", "BEGIN",
+     "START", "COMMIT", "END", "SET", "RESET", "PRAGMA", "LISTEN", "UNLISTEN", "FETCH", "CLOSE", "DEALLOCATE",
+     "DISCARD"}
+)  # fmt: skip
+# A write verb after one of these words is a clause of another statement, not a write of its own:
+# SELECT … FOR [NO KEY] UPDATE, ON CONFLICT … DO UPDATE, ON DUPLICATE KEY UPDATE, MERGE … THEN UPDATE,
+# INSERT OR REPLACE, ON DELETE CASCADE; after AS or a dot it is a name (an alias, a column).
+_CLAUSE_BEFORE = frozenset({"FOR", "KEY", "DO", "THEN", "OR", "ON", "AS", "."})
+# Words between a write verb and its table: UPDATE ONLY t, DELETE FROM ONLY t, INSERT OR REPLACE INTO t, ...
+_BEFORE_TARGET = frozenset(
+    {"INTO", "FROM", "ONLY", "TABLE", "IGNORE", "LOW_PRIORITY", "QUICK", "DELAYED", "OR", "REPLACE", "ABORT",
+     "FAIL", "ROLLBACK"}
+)  # fmt: skip
+_QUOTES = '"`[]'
+# Statements longer than this are classified each time (a bulk INSERT's text varies with its row count).
+_CACHED_CHARS = 4096
 
 
-# A data-modifying statement inside a WITH; "UPDATE <table> SET" keeps out SELECT ... FOR UPDATE.
-_WRITE_IN_WITH = re.compile(r"\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM)\b", re.IGNORECASE)
+@dataclass(frozen=True)
+class _Write:
+    """One write a statement makes: the permission action ("add", "change", "delete") and its table.
+
+    ``action`` or ``table`` is None when the guard cannot tell: a DO block, DDL, a statement it cannot read.
+    """
+
+    action: str | None
+    table: str | None
 
 
 def is_write(sql: str) -> bool:
-    """Return whether ``sql`` writes: its first keyword, or the statement a leading WITH ends in."""
-    words = sql.lstrip(" (\n\t").split(None, 1)
-    if not words:
-        return False
-    verb = words[0].upper()
-    if verb == "WITH":
-        return _WRITE_IN_WITH.search(sql) is not None
-    return verb in _WRITE_VERBS
+    """Return whether ``sql`` writes, or may write as far as the guard can tell, in any of its statements."""
+    return bool(_writes(sql))
 
 
-_TARGET = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+[`\"]?([^`\"\s(]+)", re.IGNORECASE)
-_ACTION_OF_VERB = {"INSERT": "add", "UPDATE": "change", "DELETE": "delete"}
+def required_permissions(sql: str) -> tuple[str, ...]:
+    """Return the permissions ("app.change_model") the writes of ``sql`` need; fabrika's tables need none.
+
+    Raises ValueError for a write whose table or action the guard cannot tell.
+    """
+    needed, unknown = _permissions(sql)
+    if unknown:
+        raise ValueError("the write guard cannot tell which table this statement writes")
+    return needed
+
+
+def _permissions(sql: str) -> tuple[tuple[str, ...], bool]:
+    """Return the permissions the writes of ``sql`` need, and whether one write's table is unknown."""
+    needed: list[str] = []
+    unknown = False
+    for write in _writes(sql):
+        if write.action is None or write.table is None:
+            unknown = True
+            continue
+        model = _model_of_table(write.table)
+        if model is not None:
+            opts = model._meta
+            needed.append(f"{opts.app_label}.{write.action}_{opts.model_name}")
+    return tuple(needed), unknown
 
 
 def _guard(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
@@ -57,30 +107,105 @@ def _guard(execute: Callable[..., Any], sql: str, params: Any, many: bool, conte
                 "`with ctx.transaction():` (reads may stay outside)."
             )
         if run.job.actions is not None or settings.ENFORCE_ACTIONS:
-            _check_permission(run.job, sql)
+            _check_permission(run.job, sql, framework=bool(run.framework_writes))
     return execute(sql, params, many, context)
 
 
-def required_permission(sql: str) -> str | None:
-    """Return the permission a write statement needs ("app.change_model"), or None for an exempt table."""
-    match = _TARGET.match(sql)
-    if match is None:
-        return None
-    model = _models_by_table().get(match.group(2))
-    if model is None:
-        return None
-    opts = model._meta
-    return f"{opts.app_label}.{_ACTION_OF_VERB[match.group(1).split()[0].upper()]}_{opts.model_name}"
-
-
-def _check_permission(job: CronJob, sql: str) -> None:
-    needed = required_permission(sql)
-    if needed is not None and needed not in (job.actions or ()):
+def _check_permission(job: CronJob, sql: str, *, framework: bool) -> None:
+    needed, unknown = _permissions(sql)
+    # The framework's own unreadable statements are EXECUTEs of its prepared statements (a kick), which touch
+    # only its own tables; what it does to an application's table (claim) is plain SQL, checked above.
+    if unknown and not framework:
         raise CapabilityRefused(
-            f"Job '{job.name}' needs the permission {needed!r} for this write: "
-            f"add it to @cron(..., actions=[..., {needed!r}]).",
-            missing=needed,
+            f"Job '{job.name}' ran a statement whose table the write guard cannot tell (DDL, a DO block, "
+            "EXECUTE, or SQL it cannot read): a job that declares actions writes through the ORM or plain "
+            "INSERT/UPDATE/DELETE statements.",
+            missing="",
         )
+    for permission in needed:
+        if permission not in (job.actions or ()):
+            raise CapabilityRefused(
+                f"Job '{job.name}' needs the permission {permission!r} for this write: "
+                f"add it to @cron(..., actions=[..., {permission!r}]).",
+                missing=permission,
+            )
+
+
+def _writes(sql: str) -> tuple[_Write, ...]:
+    if len(sql) > _CACHED_CHARS:
+        return _classify(sql)
+    return _cached_classify(sql)
+
+
+def _classify(sql: str) -> tuple[_Write, ...]:
+    """Read ``sql`` with sqlparse's tokenizer: every write of every statement, CTEs included."""
+    writes: list[_Write] = []
+    for statement in _statements(sql):
+        if statement[0][1].upper() == "PREPARE":
+            # PREPARE name [(types)] AS statement: the statement is what it will write.
+            words = [value.upper() for _, value in statement]
+            statement = statement[words.index("AS") + 1 :] if "AS" in words else []
+            if not statement:
+                writes.append(_Write(None, None))
+                continue
+        first = statement[0][1].upper()
+        if first not in _NEUTRAL_VERBS and first != "WITH" and first not in _ACTION_OF_VERB and first != "MERGE":
+            writes.append(_Write(None, None))  # DDL, DO, CALL, COPY, LOCK, or what the guard cannot read
+            continue
+        for index, (ttype, value) in enumerate(statement):
+            verb = value.upper()
+            if ttype not in T.Keyword or not (verb in _ACTION_OF_VERB or verb == "MERGE"):
+                continue
+            if index and statement[index - 1][1].upper() in _CLAUSE_BEFORE:
+                continue
+            if index and index + 1 < len(statement) and statement[index + 1][1] == "(":
+                continue  # a function inside a statement: REPLACE (...), INSERT (...) (MySQL's string functions)
+            # MERGE may insert, change and delete: it needs all three; the guard reads it as unknown.
+            action = _ACTION_OF_VERB.get(verb)
+            writes.append(_Write(action, _target(statement, index + 1) if action else None))
+    return tuple(writes)
+
+
+_cached_classify = lru_cache(maxsize=1024)(_classify)
+
+
+def _statements(sql: str) -> Iterator[list[tuple[Any, str]]]:
+    """Yield each statement of ``sql`` as its significant tokens (no whitespace, comments or leading '(')."""
+    statement: list[tuple[Any, str]] = []
+    for ttype, value in sqlparse.lexer.tokenize(sql):
+        if ttype in T.Whitespace or ttype in T.Comment or ttype in T.Newline:
+            continue
+        if ttype in T.Punctuation and value == ";":
+            if statement:
+                yield statement
+            statement = []
+        elif statement or value != "(":
+            statement.append((ttype, value))
+    if statement:
+        yield statement
+
+
+def _target(statement: list[tuple[Any, str]], index: int) -> str | None:
+    """Return the table named after a write verb (its last part, unquoted), or None if none is named."""
+    while index < len(statement) and statement[index][1].upper() in _BEFORE_TARGET:
+        index += 1
+    name = None
+    while index < len(statement):
+        ttype, value = statement[index]
+        if not (ttype in T.Name or ttype in T.Literal.String.Symbol or ttype in T.Keyword):
+            return None
+        name = value.strip(_QUOTES)
+        # A schema-qualified name: keep the part after the last dot.
+        if index + 2 < len(statement) and statement[index + 1][1] == ".":
+            index += 2
+            continue
+        return name
+    return name
+
+
+def _model_of_table(table: str) -> Any:
+    tables = _models_by_table()
+    return tables.get(table) or tables.get(table.lower())
 
 
 @lru_cache(maxsize=1)

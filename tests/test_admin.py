@@ -8,6 +8,7 @@ import pytest
 from django.contrib.admin import site
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
@@ -32,6 +33,7 @@ from testproject.reports.models import ReportRequest
 from testproject.tasks.models import Task
 
 from .factories import OutboxMailFactory, ReminderFactory
+from .jobs_helpers import temporary_job
 
 pytestmark = pytest.mark.django_db
 
@@ -429,7 +431,8 @@ def test_run_now_kicks_the_job(admin_client, fabrika_kicks, django_capture_on_co
 def test_run_now_button_is_on_a_jobs_page_for_a_user_who_may_change_jobs(admin_client, viewer):
     Job.objects.create(name="mark_overdue")
     page = reverse("admin:fabrika_django_job_change", args=["mark_overdue"])
-    assert reverse("admin:fabrika_django_job_run", args=["mark_overdue"]) in admin_client.get(page).content.decode()
+    run = reverse("admin:fabrika_django_job_run", args=[quote("mark_overdue")])
+    assert run in admin_client.get(page).content.decode()
     assert "/run/" not in viewer.get(page).content.decode()
 
 
@@ -548,15 +551,22 @@ def test_attempt_page_shows_the_failure_code_class_and_frames_read_only(admin_cl
     assert attempt.outcome == "handler_failed"
 
 
-def test_only_a_superuser_may_delete_attempts(admin_client):
+def test_nobody_deletes_attempts_or_sent_mail_in_the_admin_a_superuser_neither(admin_client):
+    from fabrika_django.models import SentMail
+
     attempt = _attempt()
+    SentMail.objects.create(key_hash="a" * 64, content_hash="b" * 64, state="unknown", provider="smtp")
     staff = _staff("historian", "fabrika_django.view_attempt", "fabrika_django.delete_attempt")
-    delete = reverse("admin:fabrika_django_attempt_delete", args=[attempt.pk])
-    assert staff.post(delete, {"post": "yes"}).status_code == 403
-    assert "delete_selected" not in _actions(staff.get(ATTEMPTS))
-    assert Attempt.objects.filter(pk=attempt.pk).exists()
-    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
-    assert not Attempt.objects.filter(pk=attempt.pk).exists()
+    deletes = [
+        reverse("admin:fabrika_django_attempt_delete", args=[attempt.pk]),
+        reverse("admin:fabrika_django_sentmail_delete", args=["a" * 64]),
+    ]
+    assert [client.post(url, {"post": "yes"}).status_code for client in (staff, admin_client) for url in deletes] == [
+        403
+    ] * 4
+    assert "delete_selected" not in _actions(admin_client.get(ATTEMPTS))
+    assert "delete_selected" not in _actions(admin_client.get(reverse("admin:fabrika_django_sentmail_changelist")))
+    assert Attempt.objects.filter(pk=attempt.pk).exists() and SentMail.objects.exists()
 
 
 # -- the overview ---------------------------------------------------------------------------------------------------
@@ -702,7 +712,7 @@ def test_a_projects_own_admin_site_serves_every_page_in_its_own_namespace(admin_
     assert response["Location"] == f"/backoffice/reminders/reminder/{dead.pk}/change/"
     admin_client.get("/backoffice/fabrika_django/job/")
     job = admin_client.get("/backoffice/fabrika_django/job/mark_overdue/change/").content.decode()
-    assert 'action="/backoffice/fabrika_django/job/mark_overdue/run/"' in job
+    assert 'action="/backoffice/fabrika_django/job/mark_5Foverdue/run/"' in job
 
 
 def test_count_queue_answers_an_aware_oldest_due_on_every_backend():
@@ -760,3 +770,46 @@ def test_the_sent_mail_ledger_is_listed_read_only_by_state_with_hashes_only(admi
     page = admin_client.get(reverse("admin:fabrika_django_sentmail_change", args=["a" * 64]))
     assert page.status_code == 200 and 'name="state"' not in page.content.decode()
     assert admin_client.get(reverse("admin:fabrika_django_sentmail_add")).status_code == 403
+
+
+# -- hardening: ids in URLs and the order of the requeue view's checks ------------------------------------------
+
+
+def _noop(ctx):
+    pass
+
+
+def test_overview_links_a_job_whose_name_the_admin_must_quote(admin_client):
+    with temporary_job(_noop, name="sync_2FA"):
+        html = admin_client.get(OVERVIEW).content.decode()
+        url = re.search(r'data-job="sync_2FA">\s*<th scope="row"><a href="([^"]+)"', html).group(1)
+        page = admin_client.get(url)
+        assert (page.status_code, page.context["original"].name) == (200, "sync_2FA")
+
+
+@pytest.mark.parametrize("object_id", ["abc", "1.5", "99999999999999999999"])
+def test_requeue_button_with_an_id_that_is_no_row_is_404_not_500(admin_client, object_id):
+    url = reverse("admin:reminders_reminder_requeue", args=[object_id])
+    assert admin_client.post(url, {"version": "3"}).status_code == 404
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["row", "no-row"])
+@pytest.mark.parametrize("object_id", ["row", "abc"])
+def test_requeue_button_without_change_permission_is_403_whether_or_not_the_row_exists(viewer, exists, object_id):
+    dead = _rows()["dead"]
+    pk = dead.pk if exists else dead.pk + 1000
+    url = reverse("admin:reminders_reminder_requeue", args=[pk if object_id == "row" else object_id])
+    assert viewer.post(url, {"version": "3"}).status_code == 403
+
+
+def test_run_button_of_a_job_whose_name_the_admin_must_quote_kicks_it_and_returns_to_its_page(
+    admin_client, fabrika_kicks, django_capture_on_commit_callbacks
+):
+    with temporary_job(_noop, name="sync_2FA"):
+        page = admin_client.get(OVERVIEW).content.decode()
+        url = re.search(r'data-job="sync_2FA">\s*<th scope="row"><a href="([^"]+)"', page).group(1)
+        run_url = admin_client.get(url).context["fabrika_run_url"]
+        with django_capture_on_commit_callbacks(execute=True):
+            response = admin_client.post(run_url)
+    assert (response.status_code, response["Location"]) == (302, url)
+    assert fabrika_kicks == ["sync_2FA"]

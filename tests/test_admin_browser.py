@@ -10,6 +10,7 @@ to refresh those the README shows (without the test suite's lab app):
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +60,31 @@ def _skip_reason():
     return missing
 
 
+# The temporary folders the tests made (Chromium's profile, the screenshots): none may outlive the module.
+_made = []
+
+
+def _temporary_folder(prefix):
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    _made.append(folder)
+    return folder
+
+
+def _remove(folder):
+    # Chromium may still write into its profile for a moment after quit(): try again until the folder is gone.
+    deadline = time.monotonic() + 10
+    while folder.exists() and time.monotonic() < deadline:
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder.exists():
+            time.sleep(0.1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nothing_left_in_the_temporary_directory():
+    yield
+    assert [folder for folder in _made if folder.exists()] == []
+
+
 class AdminInChromiumTests(StaticLiveServerTestCase):
     @classmethod
     def setUpClass(cls):
@@ -69,7 +95,7 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
         from selenium.webdriver.chrome.service import Service
 
         super().setUpClass()
-        cls.profile = tempfile.mkdtemp(prefix="fabrika-chromium-")
+        cls.profile = _temporary_folder("fabrika-chromium-")
         options = webdriver.ChromeOptions()
         options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
         for flag in (*_FLAGS, f"--user-data-dir={cls.profile}"):
@@ -78,16 +104,20 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
             cls.browser = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
         except Exception:
             super().tearDownClass()
-            shutil.rmtree(cls.profile, ignore_errors=True)
+            _remove(cls.profile)
             raise
         cls.browser.implicitly_wait(5)
-        cls.shots = Path(os.environ.get("FABRIKA_SCREENSHOTS") or tempfile.mkdtemp(prefix="fabrika-shots-"))
+        # Without FABRIKA_SCREENSHOTS the screenshots are only taken (a page that cannot render fails), then removed.
+        cls.own_shots = not os.environ.get("FABRIKA_SCREENSHOTS")
+        cls.shots = Path(os.environ.get("FABRIKA_SCREENSHOTS") or _temporary_folder("fabrika-shots-"))
         cls.shots.mkdir(parents=True, exist_ok=True)
 
     @classmethod
     def tearDownClass(cls):
         cls.browser.quit()
-        shutil.rmtree(cls.profile, ignore_errors=True)
+        _remove(cls.profile)
+        if cls.own_shots:
+            _remove(cls.shots)
         super().tearDownClass()
 
     def setUp(self):

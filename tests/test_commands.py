@@ -119,6 +119,32 @@ def test_sigterm_stops_a_run_at_once_releases_the_lease_and_exits_1():
     assert list(Mark.objects.values_list("note", flat=True)) == ["start"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_run_with_verbosity_0_quiets_fabrikas_own_loggers_in_the_demo_project():
+    # The demo's LOGGING sends fabrika_django's INFO lines to the console.
+    done = start_manage("fabrika_job", "run", "lab_stamp", "-v", "0", FABRIKA_LOG_LEVEL="INFO")
+    out, err = done.communicate(timeout=60)
+    assert (done.returncode, out, err) == (0, "", "")
+
+
+def test_no_action_lists_the_actions():
+    code, _, error = fabrika_job()
+    assert (code, error) == (
+        2,
+        "Give an action: run, worker, crontab, list, status, kick, requeue "
+        "('manage.py fabrika_job ACTION --help' for its options).",
+    )
+
+
+@pytest.mark.django_db
+def test_requeue_of_an_id_beyond_the_integer_range_exits_2_in_one_line():
+    code, _, error = fabrika_job("requeue", "reminders.Reminder", "--id", "99999999999999999999")
+    assert (code, error) == (
+        2,
+        "'99999999999999999999' is not an id of reminders.Reminder: give its primary key values.",
+    )
+
+
 def test_run_of_an_unknown_job_exits_2_naming_the_known_ones():
     code, out, error = fabrika_job("run", "nope")
     known = ", ".join(job.name for job in registry)
@@ -257,9 +283,19 @@ def test_status_json_counts_each_queue_table_by_state_and_shows_each_job():
         "pending": True,
         "holder": "host:1:2",
         "last_outcome": None,
-        "next_fire": "2030-01-01 00:15:00",
+        "next_fire": "2030-01-01T00:15:00+00:00",
     }
     assert jobs["mark_overdue"]["last_started"] is None
+
+
+@pytest.mark.django_db
+def test_status_json_timestamps_are_iso_8601_with_their_offset():
+    with temporary_job(_succeed):
+        assert fabrika_job("run", "_succeed")[0] == 0
+        report = json.loads(fabrika_job("status", "--json")[1])
+    (job,) = [job for job in report["jobs"] if job["name"] == "_succeed"]
+    stamps = [report["now"], job["last_started"], job["last_finished"], job["last_success"]]
+    assert [datetime.fromisoformat(stamp).utcoffset() for stamp in stamps] == [timedelta(0)] * 4
 
 
 @pytest.mark.django_db
@@ -419,6 +455,7 @@ def test_requeue_usage_errors_exit_2(args, error):
         ["status", "--bogus"],
         ["bogus"],
         [],
+        ["requeue", "reminders.Reminder", "--id", "99999999999999999999"],
     ],
     ids=lambda args: " ".join(args) or "no action",
 )

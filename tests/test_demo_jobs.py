@@ -144,3 +144,29 @@ def test_the_reminders_page_creates_one_and_moves_it_with_requeue(
     assert (reminder.state, reminder.attempts, reminder.version) == ("waiting", 0, 1)
     assert fabrika_kicks == ["send_reminders"]  # due now: kicked
     assert "Reminder" in client.get(reverse("reminders:index")).content.decode()
+
+
+DEMO_PAGES = ["outbox:register", "outbox:thanks", "reminders:index", "reports:index"]
+
+
+@pytest.mark.parametrize("page", DEMO_PAGES)
+def test_each_demo_page_links_the_shared_stylesheet_served_from_the_app(client, page):
+    html = client.get(reverse(page)).content.decode()
+    assert '<link rel="stylesheet" href="/static/demo/demo.css">' in html
+    assert "http://" not in html.split("<body", 1)[0] and "https://" not in html.split("<body", 1)[0]
+
+
+def test_the_shared_stylesheet_is_a_static_file():
+    from django.contrib.staticfiles import finders
+
+    assert finders.find("demo/demo.css")
+
+
+def test_the_demo_pages_show_times_with_their_zone(client, settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+    due = datetime(2026, 7, 1, 10, 0, tzinfo=UTC)  # summer: 12:00 in Berlin
+    Reminder.objects.create(note="call", email="a@example.com", due=due, sent_at=due)
+    reminders = client.get(reverse("reminders:index")).content.decode()
+    assert reminders.count("2026-07-01 12:00 CEST") == 2  # due and sent
+    report = ReportRequest.objects.create(rows=1, due=None, finished_at=datetime(2026, 1, 5, 9, 30, tzinfo=UTC))
+    assert "2026-01-05 10:30 CET" in client.get(reverse("reports:detail", args=[report.pk])).content.decode()

@@ -50,6 +50,53 @@ def worker_thread(**options):
         assert not thread.is_alive(), "the worker did not stop"
 
 
+class Watch:
+    """What an in-process worker dispatched and how many scans it finished: events an absence can wait for.
+
+    A test that proves a worker did NOT run something waits until the worker finished two scans begun after
+    the moment that matters (the first may have been under way already), then reads ``dispatched``.
+    """
+
+    def __init__(self, worker):
+        self.dispatched = []
+        self.scans = 0
+        self._changed = threading.Condition()
+        scan, dispatch = worker._scan, worker._dispatch
+
+        def counted_scan():
+            scan()
+            with self._changed:
+                self.scans += 1
+                self._changed.notify_all()
+
+        def recorded_dispatch(name, trigger):
+            self.dispatched.append((name, trigger))
+            dispatch(name, trigger)
+
+        worker._scan, worker._dispatch = counted_scan, recorded_dispatch
+
+    def a_full_scan(self, timeout=30):
+        """Return once a scan that began after this call has finished."""
+        with self._changed:
+            target = self.scans + 2
+            assert self._changed.wait_for(lambda: self.scans >= target, timeout), "the worker stopped scanning"
+
+
+@contextlib.contextmanager
+def watched_worker_thread(**options):
+    """worker_thread() with a Watch installed before the worker's first scan."""
+    worker = Worker(install_signals=False, **options)
+    watch = Watch(worker)
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        yield watch
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
 def runs(name):
     return list(Attempt.objects.filter(job=name).order_by("started", "pk").values_list("trigger", "outcome"))
 
@@ -82,11 +129,12 @@ def test_a_worker_with_only_leaves_other_jobs_alone():
     def ignored(ctx):
         mark(ctx, "ignored")
 
-    with temporary_job(served), temporary_job(ignored), fast_poll(), worker_thread(only=["served"]):
+    with temporary_job(served), temporary_job(ignored), fast_poll(), watched_worker_thread(only=["served"]) as watch:
         kick("ignored")
         kick("served")
         wait_until(lambda: Mark.objects.filter(note="served").exists(), what="the served job's run")
-        time.sleep(10 * FAST_POLL)
+        watch.a_full_scan()  # it saw the ignored job's pending flag, if it looks at that job at all
+    assert watch.dispatched == [("served", "kick")]
     assert list(Mark.objects.values_list("note", flat=True)) == ["served"]
     assert Job.objects.get(name="ignored").pending_since is not None
 
@@ -111,9 +159,10 @@ def test_fires_missed_while_no_worker_ran_are_made_up_with_one_run():
 
     with temporary_job(minutely, "* * * * *"):
         Job.objects.create(name="minutely", next_fire=datetime(2026, 3, 1, 11, 1, tzinfo=UTC))  # 60 fires ago
-        with fast_poll(), worker_thread(only=["minutely"], clock=clock):
+        with fast_poll(), watched_worker_thread(only=["minutely"], clock=clock) as watch:
             wait_until(lambda: runs("minutely") == [("schedule", "succeeded")], what="the make-up run")
-            time.sleep(10 * FAST_POLL)
+            watch.a_full_scan()  # after the run: any fire still owed would have been dispatched
+    assert watch.dispatched == [("minutely", "schedule")]
     assert runs("minutely") == [("schedule", "succeeded")]
     assert Job.objects.get(name="minutely").next_fire == datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
 
@@ -151,14 +200,18 @@ def test_three_workers_under_a_moving_clock_run_each_fire_exactly_once():
         mark(ctx, ctx.trigger)
 
     with temporary_job(each_minute, "* * * * *"), fast_poll(), contextlib.ExitStack() as stack:
-        for _ in range(3):
-            stack.enter_context(worker_thread(only=["each_minute"], clock=clock, concurrency=2))
+        watches = [
+            stack.enter_context(watched_worker_thread(only=["each_minute"], clock=clock, concurrency=2))
+            for _ in range(3)
+        ]
         wait_until(lambda: Job.objects.filter(name="each_minute", next_fire__isnull=False).exists(), what="init")
         for minute in range(1, 6):
             clock.advance(timedelta(minutes=1))
             wait_until(lambda m=minute: Mark.objects.count() >= m, what=f"fire {minute}")
             wait_until(lambda: Lease.objects.filter(job="each_minute", token=None).exists(), what="the run's end")
-            time.sleep(6 * FAST_POLL)  # every worker has looked at the fire again
+            for watch in watches:
+                watch.a_full_scan()  # every worker has looked at the fire again
+            assert sum(len(watch.dispatched) for watch in watches) == minute
         assert Mark.objects.count() == 5
     assert runs("each_minute") == [("schedule", "succeeded")] * 5
 
@@ -169,13 +222,14 @@ def test_a_kick_heard_by_two_workers_makes_one_run():
         mark(ctx, "ran")
 
     with temporary_job(heard), fast_poll(), contextlib.ExitStack() as stack:
-        for _ in range(2):
-            stack.enter_context(worker_thread(only=["heard"]))
+        watches = [stack.enter_context(watched_worker_thread(only=["heard"])) for _ in range(2)]
         for kicks in range(1, 6):
             kick("heard")
             wait_until(lambda k=kicks: Mark.objects.count() >= k, what=f"run {kicks}")
             wait_until(lambda: Lease.objects.filter(job="heard", token=None).exists(), what="the run's end")
-            time.sleep(4 * FAST_POLL)  # both workers have looked again
+            for watch in watches:
+                watch.a_full_scan()  # both workers have looked again
+            assert Mark.objects.count() == kicks
     # Both workers race for each kick; the one that loses leaves the flag alone: the winner's run served it.
     assert runs("heard") == [("kick", "succeeded")] * 5
 
@@ -344,12 +398,34 @@ def test_three_worker_processes_run_each_due_fire_exactly_once():
             wait_until(
                 lambda: Job.objects.get(name="lab_yearly").next_fire.year > 2026, workers=workers, what="the next fire"
             )
-            time.sleep(10 * FAST_POLL)  # every worker has polled the fire again
+            _every_worker_scanned_since(_database_clock(), workers)
+            assert Mark.objects.count() == fires
     finally:
         for worker in workers:
             worker.kill()
     assert list(Mark.objects.values_list("note", flat=True)) == ["schedule"] * 5
-    assert len({pid for pid in Mark.objects.values_list("pid", flat=True)}) >= 1
+    assert set(Mark.objects.values_list("pid", flat=True)) <= {worker.pid for worker in workers}
+
+
+def _database_clock():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _every_worker_scanned_since(moment, workers):
+    """Wait until each worker process's loop ran its scan query after ``moment`` (PostgreSQL's own record)."""
+
+    def scanned():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(DISTINCT pid) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE %s AND query_start > %s",
+                ["SELECT job.name, job.pending_since IS NOT NULL%", moment],
+            )
+            return cursor.fetchone()[0] >= len(workers)
+
+    wait_until(scanned, workers=workers, what="a scan of every worker")
 
 
 @pytest.mark.postgresql

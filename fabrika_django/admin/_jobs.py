@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -226,11 +227,11 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Kick one job from its page: POST only, CSRF (admin_view), the change permission on jobs."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        job = self.get_object(request, object_id)
+        if not self.has_change_permission(request):  # first: the 404 would tell which jobs exist
+            raise PermissionDenied
+        job = self.get_object(request, unquote(object_id))
         if job is None:
             raise Http404
-        if not self.has_change_permission(request, job):
-            raise PermissionDenied
         if job.name not in registry:
             self.message_user(
                 request, _("No registered job has this name: declare it with @cron, then run it."), messages.ERROR
@@ -240,7 +241,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(
                 request, _("Kicked %(name)s: a worker runs it shortly.") % {"name": job.name}, messages.SUCCESS
             )
-        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:fabrika_django_job_change", args=[job.pk]))
+        page = reverse(f"{self.admin_site.name}:fabrika_django_job_change", args=[quote(job.pk)])
+        return HttpResponseRedirect(page)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         job = kwargs.get("obj") or context.get("original")
@@ -252,7 +254,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             show_delete=False,
         )
         if job is not None and job.name in registry and self.has_change_permission(request, job):
-            context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[job.pk])
+            context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[quote(job.pk)])
         return super().render_change_form(request, context, *args, **kwargs)
 
 
@@ -303,7 +305,11 @@ class _JobFilter(admin.SimpleListFilter):
 
 
 class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """A framework history table: nobody adds or changes a row; only a superuser deletes one."""
+    """A framework history table, read-only: nobody adds, changes or deletes a row, a superuser neither.
+
+    Attempts leave with the history pruning (``RUN_HISTORY_DAYS``). A sent-mail row is the promise that its
+    key never sends twice: deleting it by hand would let the next try of that key send the message again.
+    """
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -312,12 +318,12 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_superuser)
+        return False
 
 
 @admin.register(Attempt)
 class AttemptAdmin(HistoryAdmin):
-    """Attempts: read-only history; only a superuser deletes."""
+    """Attempts: read-only history."""
 
     list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
     list_filter = (_JobFilter, "outcome", "trigger")

@@ -14,7 +14,7 @@ from ._jobs import HistoryAdmin
 
 @admin.register(SentMail)
 class SentMailAdmin(HistoryAdmin):
-    """Sent mail: one row per idempotency key; only a superuser deletes one (the key then sends afresh)."""
+    """Sent mail: one row per idempotency key, read-only (a deleted row would let its key send again)."""
 
     list_display = ("short_key", "state", "provider", "created", "accepted")
     list_filter = ("state", "provider")

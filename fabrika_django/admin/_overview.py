@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import AdminSite
+from django.contrib.admin.utils import quote
 from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -71,7 +72,7 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
     rows = []
     for state in job_states(now):
         try:
-            url = reverse(f"{site.name}:fabrika_django_job_change", args=[state["name"]])
+            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state["name"])])
         except NoReverseMatch:
             url = None
         rows.append(

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
 from django.contrib.admin.options import IS_POPUP_VAR
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.formats import date_format
@@ -188,12 +188,16 @@ class QueueModelAdminMixin(_AdminBase):
         """Requeue one row from its page: POST only, the change permission, the version the page showed."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        model = self.model
-        row = get_object_or_404(self.get_queryset(request), pk=object_id)
+        # Permission first: a user who may not change the table learns nothing about which rows exist.
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        row = self.get_object(request, unquote(object_id))  # None for an id that is no row, or no id at all
+        if row is None:
+            raise Http404(_("No such row: it may have been deleted."))
         if not self.has_change_permission(request, row):
             raise PermissionDenied
-        opts = model._meta
-        page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
+        opts = self.model._meta
+        page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[quote(row.pk)])
         if row.due is None:
             self.message_user(
                 request, _("This row is done: its work is finished, so it was not requeued."), messages.WARNING
@@ -216,7 +220,7 @@ class QueueModelAdminMixin(_AdminBase):
         if row is not None and row.pk is not None:
             opts = self.model._meta
             context["fabrika_requeue_url"] = (
-                reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_requeue", args=[row.pk])
+                reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_requeue", args=[quote(row.pk)])
                 if row.due is not None and self.has_change_permission(request, row)
                 else None
             )

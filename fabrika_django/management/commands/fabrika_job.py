@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -84,7 +86,9 @@ class Command(BaseCommand):
         return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_Parser)
+        # Not required: with no action, handle() lists them (argparse would only say "ACTION is required").
+        actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+        self._action_names = actions.choices
 
         def action(name: str, help: str) -> CommandParser:
             sub = actions.add_parser(name, help=help, description=help)
@@ -116,7 +120,12 @@ class Command(BaseCommand):
         requeue.add_argument("--dead", action="store_true", help="requeue the dead rows (with --id: those of them)")
         requeue.add_argument("--id", dest="ids", nargs="+", action="extend", metavar="ID", help="requeue these rows")
 
-    def handle(self, *args: Any, action: str, **options: Any) -> None:
+    def handle(self, *args: Any, action: str | None, **options: Any) -> None:
+        if action is None:
+            raise _usage(
+                f"Give an action: {', '.join(self._action_names)} "
+                "('manage.py fabrika_job ACTION --help' for its options)."
+            )
         handler: Callable[..., None] = getattr(self, f"_handle_{action}")
         try:
             handler(**options)
@@ -128,8 +137,9 @@ class Command(BaseCommand):
     def _handle_run(self, *, name: str, **options: Any) -> None:
         job = registry.get(name)
         stop = threading.Event()
+        quiet = options.get("verbosity", 1) < 1
         # SIGTERM (cron's or a supervisor's stop) ends the run as the worker's does; Ctrl-C stays an interrupt.
-        with stop_signals(stop.set, signals=(signal.SIGTERM,)):
+        with stop_signals(stop.set, signals=(signal.SIGTERM,)), _fabrika_logs_warnings_only(quiet):
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:
@@ -296,13 +306,36 @@ def _manage_py(given: str | None) -> Path:
 
 def _to_pk(model: Any, value: str) -> Any:
     try:
-        return model._meta.pk.to_python(value)
+        pk = model._meta.pk.to_python(value)
+        model._meta.pk.run_validators(pk)  # the database's integer range: SQLite overflows past 64 bits
+        return pk
     except ValidationError:
         raise _usage(f"{value!r} is not an id of {model._meta.label}: give its primary key values.") from None
 
 
 def _utc(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@contextmanager
+def _fabrika_logs_warnings_only(quiet: bool) -> Iterator[None]:
+    """With -v 0, hold fabrika's own loggers to warnings for the block, whatever LOGGING set (cron mails output)."""
+    if not quiet:
+        yield
+        return
+    names = ["fabrika_django"] + [
+        name for name in logging.root.manager.loggerDict if name.startswith("fabrika_django.")
+    ]
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _duration(delta: timedelta) -> str:
