@@ -227,3 +227,11 @@ def _prune_mail_ledger(ctx: JobContext) -> None:
         with ctx.transaction():
             pruned += SentMail.objects.filter(pk__in=batch).delete()[0]
     ctx.log.debug("Pruned ledger_rows=%d older_than_days=%d", pruned, settings.MAIL_LEDGER_DAYS)
+
+
+@cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
+def sweep_files(ctx: JobContext) -> None:
+    """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
+    from ._sweep import run_in_job
+
+    run_in_job(ctx)

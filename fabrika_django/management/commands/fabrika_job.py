@@ -116,8 +116,11 @@ class Command(BaseCommand):
         requeue.add_argument("--dead", action="store_true", help="requeue the dead rows (with --id: those of them)")
         requeue.add_argument("--id", dest="ids", nargs="+", action="extend", metavar="ID", help="requeue these rows")
 
+        sweep = action("sweep-files", "Delete the files no file column references, per FABRIKA['FILE_SWEEP'], now.")
+        sweep.add_argument("--dry-run", action="store_true", help="list what it would delete; delete nothing")
+
     def handle(self, *args: Any, action: str, **options: Any) -> None:
-        handler: Callable[..., None] = getattr(self, f"_handle_{action}")
+        handler: Callable[..., None] = getattr(self, f"_handle_{action.replace('-', '_')}")
         try:
             handler(**options)
         except UnknownJob as exc:
@@ -273,6 +276,9 @@ class Command(BaseCommand):
                 "look at them again, then run the command again.",
                 returncode=1,
             )
+
+    def _handle_sweep_files(self, **options: Any) -> None:
+        _import("fabrika_django._sweep", "the file sweep").command(self, **options)
 
     def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
