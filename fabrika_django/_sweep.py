@@ -87,15 +87,26 @@ class _Reference:
         A candidate's own name always counts (a name held anywhere keeps the file, whatever storage the column
         names); on a file system, so does the name the same file has in the column's storage.
         """
+        drop, add = self._translation(swept_root)
         mapped: dict[str, set[str]] = {}
         for name in candidates:
             mapped.setdefault(name, set()).add(name)
-            if self.root is None or swept_root is None:
-                continue
-            relative = os.path.relpath(os.path.join(swept_root, *name.split("/")), self.root)
-            if relative != os.pardir and not relative.startswith(os.pardir + os.sep):
-                mapped.setdefault(relative.replace(os.sep, "/"), set()).add(name)
+            if drop is not None and name.startswith(drop):
+                mapped.setdefault(add + name[len(drop) :], set()).add(name)
         return mapped
+
+    def _translation(self, swept_root: str | None) -> tuple[str | None, str]:
+        """How a name of the swept storage becomes one of the column's storage: drop a prefix, add a prefix.
+
+        Both roots are resolved and a listed name holds no "." or ".." part, so prefixes are exact.
+        """
+        if self.root is None or swept_root is None or self.root == swept_root:
+            return None, ""
+        if self.root.startswith(swept_root.rstrip(os.sep) + os.sep):  # the column's storage is inside
+            return os.path.relpath(self.root, swept_root).replace(os.sep, "/") + "/", ""
+        if swept_root.startswith(self.root.rstrip(os.sep) + os.sep):  # the column's storage is around it
+            return "", os.path.relpath(swept_root, self.root).replace(os.sep, "/") + "/"
+        return None, ""
 
 
 def configured() -> dict[str, Any] | None:
