@@ -180,11 +180,14 @@ def _atomic(alias: str) -> AbstractContextManager[Any]:
 
 
 def _root(storage: Storage) -> str | None:
-    """The storage's directory, resolved, or None for a storage with no files on this machine (S3 …)."""
-    try:
-        return os.path.realpath(storage.path(""))
-    except (NotImplementedError, AttributeError):
+    """A file system storage's directory, resolved; None for any other (S3, InMemoryStorage …), even one whose
+    ``path()`` answers: InMemoryStorage's answers a path under MEDIA_ROOT that holds none of its files."""
+    from django.core.files.storage import FileSystemStorage
+
+    # isinstance sees through default_storage, a LazyObject, which answers its target's class.
+    if not isinstance(storage, FileSystemStorage):
         return None
+    return os.path.realpath(storage.path(""))
 
 
 def _references(swept_root: str | None) -> list[_Reference]:

@@ -319,3 +319,22 @@ def test_a_bad_file_sweep_setting_is_a_system_check_error(settings, value, probl
     assert error.msg.startswith(f"Setting FABRIKA['FILE_SWEEP'] {problem}")
     settings.FABRIKA = {"FILE_SWEEP": {"storages": ["default"], "older_than_days": 7}}
     assert _check_settings() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_storage_without_files_on_this_machine_is_walked_through_its_own_listdir(media, settings):
+    from datetime import UTC, datetime, timedelta
+
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import storages
+
+    settings.STORAGES = {**settings.STORAGES, "memory": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+    memory = storages["memory"]
+    for name in ["outbox/ref.pdf", "outbox/orphan.pdf", "a/b/orphan.txt", "a/.hidden"]:
+        memory.save(name, ContentFile(b"x"))
+    _outbox("outbox/ref.pdf")
+    later = datetime.now(UTC) + timedelta(days=8)  # every file is past its grace period by then
+    report = _sweep.sweep({"storages": ["memory"], "older_than_days": 7}, now=later)
+    assert (report.deleted, report.referenced, report.skipped) == (2, 1, 1)
+    assert memory.exists("outbox/ref.pdf") and memory.exists("a/.hidden")
+    assert not memory.exists("outbox/orphan.pdf") and not memory.exists("a/b/orphan.txt")
