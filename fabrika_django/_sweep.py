@@ -166,7 +166,7 @@ def sweep(
                 report.deleted += len(orphans)
                 continue
             _hook("listed", orphans)
-            _delete(storage, orphans, references, swept_root, report, transaction_for or _atomic)
+            _delete(storage, orphans, references, swept_root, cutoff, report, transaction_for or _atomic)
     return report
 
 
@@ -293,6 +293,7 @@ def _delete(
     orphans: list[str],
     references: list[_Reference],
     swept_root: str | None,
+    cutoff: float,
     report: _Report,
     transaction_for: Callable[[str], AbstractContextManager[Any]],
 ) -> None:
@@ -305,6 +306,7 @@ def _delete(
                     stack.enter_context(transaction_for(alias))
                     _stop_writers(alias, [r for r in references if r.alias == alias])
                 still = _unreferenced(orphans, references, swept_root, report, lock=True)
+                still = [name for name in still if _still_old(swept_root, name, cutoff)]
                 report.kept_on_recheck += len(orphans) - len(still)
                 _hook("locked", still)
                 for name in still:
@@ -315,6 +317,18 @@ def _delete(
             _hook("busy", orphans)
             time.sleep(min(0.05 * (tries + 1), 1.0))
     report.busy_batches += 1
+
+
+def _still_old(root: str | None, name: str, cutoff: float) -> bool:
+    """On a file system, whether the file is still an old regular file: one written since the listing (a storage
+    that overwrites a name, a request still saving its row) is recent again and stays."""
+    if root is None:
+        return True
+    try:
+        info = os.lstat(os.path.join(root, *name.split("/")))
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff
 
 
 class _Busy(Exception):

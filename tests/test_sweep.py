@@ -338,3 +338,17 @@ def test_a_storage_without_files_on_this_machine_is_walked_through_its_own_listd
     assert (report.deleted, report.referenced, report.skipped) == (2, 1, 1)
     assert memory.exists("outbox/ref.pdf") and memory.exists("a/.hidden")
     assert not memory.exists("outbox/orphan.pdf") and not memory.exists("a/b/orphan.txt")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_written_again_between_the_listing_and_the_deleting_step_stays(media, monkeypatch):
+    _file(media, "outbox/reused.pdf", days=30)
+    _file(media, "outbox/orphan.pdf", days=30)
+
+    def hook(point, names):
+        if point == "listed":  # a storage that overwrites names writes a new upload under the old name
+            _file(media, "outbox/reused.pdf", days=0)
+
+    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    assert run_job("fabrika_sweep_files").ok
+    assert _files(media) == ["outbox/reused.pdf"]
