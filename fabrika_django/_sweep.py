@@ -75,10 +75,14 @@ class _Report:
 class _Reference:
     """One file column of one model, as seen from the swept storage."""
 
+    #: The model whose table holds the column (a parent's, for a field inherited through multi-table inheritance).
     model: type[Model]
+    #: The field's name, for the ORM.
     column: str
+    #: The column's name in the table, for the one raw query (PostgreSQL's ``= ANY(array)``).
+    db_column: str
     alias: str
-    #: The field's storage's directory on this machine (resolved), or None for a storage without ``path()``.
+    #: The field's storage's directory on this machine (resolved), or None for a storage not on a file system.
     root: str | None = field(default=None)
 
     def names(self, candidates: Iterable[str], swept_root: str | None) -> dict[str, set[str]]:
@@ -191,15 +195,17 @@ def _root(storage: Storage) -> str | None:
 
 
 def _references(swept_root: str | None) -> list[_Reference]:
-    """Every file column of every installed model (proxies share their model's table; once is enough)."""
-    references = []
+    """Every file column of every installed model, once per table (proxies and children share their tables)."""
+    references: dict[tuple[str, str, str], _Reference] = {}
     for model in apps.get_models():
-        if model._meta.proxy:
-            continue
         for column in model._meta.concrete_fields:
             if isinstance(column, FileField):
-                references.append(_Reference(model, column.attname, router.db_for_read(model), _root(column.storage)))
-    return references
+                owner = column.model  # the table that holds it, also for a child of multi-table inheritance
+                alias = router.db_for_read(owner)
+                key = (alias, owner._meta.db_table, str(column.column))
+                if key not in references:
+                    references[key] = _Reference(owner, column.attname, key[2], alias, _root(column.storage))
+    return list(references.values())
 
 
 def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Report) -> Iterator[str]:
@@ -278,14 +284,28 @@ def _unreferenced(
         wanted = reference.names(batch, swept_root)
         if not wanted:
             continue
-        rows = reference.model._base_manager.using(reference.alias).filter(**{f"{reference.column}__in": list(wanted)})
-        if lock and connections[reference.alias].vendor not in ("postgresql", "sqlite"):
-            rows = rows.select_for_update()  # where no table lock was taken: hold what the re-check read
-        for value in rows.values_list(reference.column, flat=True):
+        for value in _values_held(reference, list(wanted), lock=lock):
             held.update(wanted.get(value, ()))
     if not lock:
         report.referenced += len(held)
     return [name for name in batch if name not in held]
+
+
+def _values_held(reference: _Reference, values: list[str], *, lock: bool) -> list[str]:
+    """The values among ``values`` that the column holds in some row."""
+    connection = connections[reference.alias]
+    if connection.vendor == "postgresql":
+        # One array parameter, not one placeholder per name: a query of 500 placeholders costs more to bind
+        # on the client than to run.
+        table = connection.ops.quote_name(reference.model._meta.db_table)
+        column = connection.ops.quote_name(reference.db_column)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {column} FROM {table} WHERE {column} = ANY(%s)", [values])  # noqa: S608
+            return [row[0] for row in cursor.fetchall()]
+    rows = reference.model._base_manager.using(reference.alias).filter(**{f"{reference.column}__in": values})
+    if lock and connection.vendor != "sqlite":
+        rows = rows.select_for_update()  # where no table lock was taken: hold what the re-check read
+    return list(rows.values_list(reference.column, flat=True))
 
 
 def _delete(
