@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections, router, transaction
 from django.db.models import FileField, Model
 
@@ -124,12 +125,16 @@ def run_in_job(ctx: JobContext) -> _Report | None:
     if config is None:
         ctx.log.debug("File sweep not configured (FABRIKA['FILE_SWEEP'])")
         return None
+    problems = check_setting(config)
+    if problems:  # `manage.py check` says so too; never guess what a bad setting meant to keep
+        raise ImproperlyConfigured(f"{problems[0].msg} {problems[0].hint}")
     report = sweep(
         config,
         now=ctx.now(),
         transaction_for=lambda alias: ctx.transaction(using=alias),
         check_abort=ctx.signal.throw_if_aborted,
     )
+    _last_reports.clear()  # one run at a time per process (the job's lease): keep only the latest
     _last_reports[str(ctx.run_id)] = report
     ctx.log.info("Swept files %s", report.line())
     return report
@@ -170,7 +175,7 @@ def sweep(
                 report.deleted += len(orphans)
                 continue
             _hook("listed", orphans)
-            _delete(storage, orphans, references, swept_root, cutoff, report, transaction_for or _atomic)
+            _delete(storage, orphans, references, swept_root, cutoff, report, transaction_for or _atomic, check_abort)
     return report
 
 
@@ -316,6 +321,7 @@ def _delete(
     cutoff: float,
     report: _Report,
     transaction_for: Callable[[str], AbstractContextManager[Any]],
+    check_abort: Callable[[], None],
 ) -> None:
     """Re-check ``orphans`` with the referencing tables' writers stopped, then delete what is still unreferenced."""
     aliases = sorted({reference.alias for reference in references}) or ["default"]
@@ -335,6 +341,7 @@ def _delete(
                 return
         except _Busy:
             _hook("busy", orphans)
+            check_abort()
             time.sleep(min(0.05 * (tries + 1), 1.0))
     report.busy_batches += 1
 

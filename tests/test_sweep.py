@@ -352,3 +352,11 @@ def test_a_file_written_again_between_the_listing_and_the_deleting_step_stays(me
     monkeypatch.setattr(_sweep, "_test_hook", hook)
     assert run_job("fabrika_sweep_files").ok
     assert _files(media) == ["outbox/reused.pdf"]
+
+
+@pytest.mark.django_db
+def test_a_bad_file_sweep_fails_the_job_and_deletes_nothing(media, settings):
+    settings.FABRIKA = dict(settings.FABRIKA, FILE_SWEEP={"storages": ["default"]})
+    _file(media, "outbox/orphan.pdf", days=400)
+    assert run_job("fabrika_sweep_files").outcome == "handler_failed"
+    assert _files(media) == ["outbox/orphan.pdf"]
