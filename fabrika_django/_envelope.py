@@ -2,7 +2,10 @@
 
 Its ``content_hash`` covers everything the idempotency key promises: recipients, subject, bodies, reply-to, from
 name, each attachment's name and bytes, and the unsubscribe URL. Error messages never quote a value (it may be an
-address).
+address) or a file's name.
+
+An attachment is sent only when ``FABRIKA["FILE_STATE"]`` (if set) says its file is live: a pending or quarantined
+file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved.
 """
 
 from __future__ import annotations
@@ -17,16 +20,22 @@ from dataclasses import dataclass
 from email.utils import formataddr, parseaddr
 from urllib.parse import urlsplit
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, SuspiciousFileOperation, ValidationError
 from django.core.mail import EmailMultiAlternatives
 from django.core.validators import validate_email
 from django.db.models.fields.files import FieldFile
+from django.utils.module_loading import import_string
 
+from .conf import settings
 from .exceptions import EmailDeliveryError
 
 MAX_ATTACHMENTS = 20
 MAX_RECIPIENTS = 50
 _UNSAFE_IN_HEADER = re.compile(r"[\x00-\x20<>\x7f]")
+# Control characters but the tab, and what str.splitlines() and Python's email module take for a line break
+# (\x0b, \x0c, \x1c-\x1e, \x85, U+2028, U+2029): in a header each either breaks the send or goes out raw.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
+_FILE_STATES = {"live": None, "pending": "file_not_ready", "quarantined": "file_not_ready", "rejected": "file_rejected"}
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,8 @@ def _check_text(argument: str, value: object, *, single_line: bool, required: bo
         raise _invalid(f"{argument} is empty: every message needs one.")
     if single_line and ("\n" in value or "\r" in value):
         raise _invalid(f"{argument} holds a line break: a header is one line.")
+    if single_line and _CONTROL.search(value):
+        raise _invalid(f"{argument} holds a control character: a header is one line of text.")
     if max_length and len(value) > max_length:
         raise _invalid(f"{argument} is {len(value)} characters long: keep it to {max_length}.")
 
@@ -189,21 +200,30 @@ def _read_attachments(attachments: Iterable[FieldFile], limit: int) -> tuple[_At
                 f"attachment {position} holds no file: leave it out or wait until the row has its file.",
                 code="file_missing",
             )
-    try:
-        total = sum(file.size for file in files)
-    except (FileNotFoundError, OSError):
-        raise _missing() from None
+        if _CONTROL.search(os.path.basename(str(file.name))):
+            raise _invalid(f"attachment {position}'s file name holds a control character: rename the file.")
+    _check_file_states(files)
+    total = 0
+    for position, file in enumerate(files, start=1):
+        try:
+            total += file.size
+        except SuspiciousFileOperation:
+            raise _outside(position) from None
+        except (FileNotFoundError, OSError):
+            raise _missing() from None
     if total > limit:
         raise EmailDeliveryError(
             f"The attachments hold {total} bytes; this transport takes at most {limit}: send a link instead.",
             code="attachments_too_large",
         )
     read = []
-    for file in files:
+    for position, file in enumerate(files, start=1):
         stored = str(file.name)
         try:
             with file.storage.open(stored, "rb") as handle:
                 content = handle.read()
+        except SuspiciousFileOperation:
+            raise _outside(position) from None
         except (FileNotFoundError, OSError):
             raise _missing() from None
         name = os.path.basename(stored)
@@ -216,3 +236,37 @@ def _missing() -> EmailDeliveryError:
         "An attachment's file is missing from its storage: restore it or clear the field, then requeue the row.",
         code="file_missing",
     )
+
+
+def _outside(position: int) -> EmailDeliveryError:
+    # Never quote the name or the storage's path: the error goes to logs and the handler's own messages.
+    return _invalid(
+        f"attachment {position}'s file name points outside its storage: fix the row's file field, then requeue the row."
+    )
+
+
+def _check_file_states(files: list[FieldFile]) -> None:
+    """Ask ``FABRIKA["FILE_STATE"]`` about each file; refuse the send unless every one is live."""
+    path = settings.FILE_STATE
+    if not path:
+        return  # no scanner: every existing file is live
+    state_of = import_string(path)
+    for position, file in enumerate(files, start=1):
+        state = state_of(file)
+        if state not in _FILE_STATES:
+            raise ImproperlyConfigured(
+                f"FABRIKA['FILE_STATE'] answered a {type(state).__name__} that is no file state: "
+                "return 'live', 'pending', 'quarantined' or 'rejected'."
+            )
+        if _FILE_STATES[state] == "file_not_ready":
+            raise EmailDeliveryError(
+                f"attachment {position}'s file is not scanned yet or is held back; nothing was sent: "
+                "a later attempt sends it once the file is live.",
+                code="file_not_ready",
+            )
+        if _FILE_STATES[state] == "file_rejected":
+            raise EmailDeliveryError(
+                f"attachment {position}'s file was rejected; nothing was sent: "
+                "replace the file or drop the attachment, then requeue the row.",
+                code="file_rejected",
+            )

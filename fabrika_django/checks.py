@@ -10,7 +10,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E010 duplicate job name, E011 kick of an unknown job, E012 kick cycle
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
-  E034 ``OWN_MAIL_SENDER`` that does not import to a callable
+  E034 ``OWN_MAIL_SENDER`` that does not import to a callable, E035 ``FILE_STATE`` that does not import to a
+  callable, E036 a bad ``FILE_SWEEP``
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 """
@@ -254,6 +255,8 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "POLL_INTERVAL": (_positive_number, "a number of seconds above 0, e.g. 1.0"),
     "LISTEN_DATABASE": (lambda v: v is None or isinstance(v, str), "a database alias, e.g. 'default', or None to poll"),
     "RUN_HISTORY_DAYS": (_positive_int, "a whole number of days, 1 or more"),
+    "MAIL_LEDGER_DAYS": (_positive_int, "a whole number of days, 1 or more"),
+    "FILE_STATE": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a callable"),
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),
@@ -317,24 +320,40 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
                 id="fabrika.E033",
             )
         )
-    errors.extend(_check_own_mail_sender(configured.get("OWN_MAIL_SENDER")))
+    errors.extend(
+        _check_callable(
+            "OWN_MAIL_SENDER",
+            configured.get("OWN_MAIL_SENDER"),
+            "Name a function that returns a Django e-mail backend (or None), e.g. 'myapp.mail.sender'.",
+            "fabrika.E034",
+        )
+    )
+    errors.extend(
+        _check_callable(
+            "FILE_STATE",
+            configured.get("FILE_STATE"),
+            "Name a function (field_file) -> 'live' | 'pending' | 'quarantined' | 'rejected', "
+            "e.g. 'myapp.scan.file_state'.",
+            "fabrika.E035",
+        )
+    )
+    if "FILE_SWEEP" in configured:
+        from ._sweep import check_setting
+
+        errors.extend(check_setting(configured["FILE_SWEEP"]))
     return errors
 
 
-def _check_own_mail_sender(path: object) -> list[checks.CheckMessage]:
-    """A factory that does not import would fail only when a mailer="own" job first sends: say so at check time."""
+def _check_callable(key: str, path: object, hint: str, id: str) -> list[checks.CheckMessage]:
+    """A dotted path that does not import would fail only when first used: say so at check time."""
     if not isinstance(path, str) or not path:
         return []
     try:
-        factory = import_string(path)
+        target = import_string(path)
     except ImportError:
-        factory = None
-    if callable(factory):
+        target = None
+    if callable(target):
         return []
     return [
-        checks.Error(
-            f"Setting FABRIKA['OWN_MAIL_SENDER'] is {path!r}, which does not import to a callable.",
-            hint="Name a function that returns a Django e-mail backend (or None), e.g. 'myapp.mail.sender'.",
-            id="fabrika.E034",
-        )
+        checks.Error(f"Setting FABRIKA[{key!r}] is {path!r}, which does not import to a callable.", hint=hint, id=id)
     ]

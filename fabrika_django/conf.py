@@ -19,12 +19,19 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_DATABASE": "default",
     # Attempt history older than this many days is pruned by the built-in job.
     "RUN_HISTORY_DAYS": 30,
+    # The mail idempotency ledger forgets a key after this many days (pruned by the built-in job); a repeat
+    # after that sends again.
+    "MAIL_LEDGER_DAYS": 30,
     # Keep exception messages in the history. Off: a message can quote a user's value.
     "STORE_ERROR_MESSAGES": False,
     # Dotted path of a factory returning the application's own mail sender (a Django e-mail backend) or None.
     "OWN_MAIL_SENDER": None,
     # Hold every job to its declared ``actions``.
     "ENFORCE_ACTIONS": False,
+    # Dotted path of ``(field_file) -> "live" | "pending" | "quarantined" | "rejected"``; None: every file is live.
+    "FILE_STATE": None,
+    # The file sweep, opt-in: {"storages": ["default"], "older_than_days": 7}; None: no sweep.
+    "FILE_SWEEP": None,
 }
 
 

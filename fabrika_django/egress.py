@@ -3,14 +3,23 @@
 Built on the standard library's ``urllib.request``, so fabrika needs no HTTP dependency. A URL, and every
 redirect it leads to, must be ``https`` on one of the declared origins (scheme, host and port; 443 is the
 default port) and carry no credentials; anything else raises ``EgressRefused`` before a byte is sent.
-Each call's timeout is at most the attempt's remaining time. HTTP error statuses come back as responses;
-a failure to get any answer raises ``FetchError``. Nothing here logs or quotes a URL's path or query.
+Each call's timeout is at most the attempt's remaining time, and it is a deadline for the whole call: when it
+passes, the call's sockets are shut down, so a body that trickles in cannot stretch it. A body larger than
+``max_bytes`` is refused (``fetch_too_large``) as soon as its length says so or its bytes pass the limit; a body
+within it is held once. HTTP error statuses come back as responses; a failure to get any answer raises
+``FetchError``. Nothing here logs or quotes a URL's path or query, or a header's value.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
+import io
 import json as jsonlib
+import re
+import socket
 import ssl
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -28,6 +37,11 @@ if TYPE_CHECKING:
 #: Tests point this at an SSL context that trusts their own certificate; None uses the system's trust store.
 _ssl_context: ssl.SSLContext | None = None
 
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+_CHUNK = 256 * 1024
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 section 5.6.2
+_UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # any control character but the tab
+
 
 @dataclass(frozen=True)
 class FetchResponse:
@@ -43,7 +57,7 @@ class FetchResponse:
 
 
 def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
-    """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None)`` for the job of ``ctx``."""
+    """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None, max_bytes=10 MiB)``."""
     job = ctx.job
     allowed = frozenset(job.egress)  # @cron normalised each with origin_of()
 
@@ -55,36 +69,50 @@ def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
         json: Any = None,
         data: bytes | str | Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> FetchResponse:
         origin = _checked_origin(job.name, url, allowed)
         body, content_type = _body(json, data)
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"timeout={timeout!r} is not valid: give seconds above 0, or None for the time left.")
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+            raise ValueError(f"max_bytes={max_bytes!r} is not valid: give a whole number of bytes above 0.")
+        checked = _checked_headers(headers or {})
         left = ctx.signal.remaining()
         if left <= 0:  # 0 means the attempt ended (aborted, or its deadline passed): raise that end
             ctx.signal.throw_if_aborted()
         limit = left if timeout is None else min(timeout, left)
         request = urllib.request.Request(url, data=body, method=method.upper())
-        for name, value in (headers or {}).items():
+        for name, value in checked:
             request.add_header(name, value)
         if content_type and not request.has_header("Content-type"):
             request.add_header("Content-type", content_type)
-        opener = _opener(job.name, allowed)
-        started = time.monotonic()
+        deadline = _Deadline(limit)
+        opener = _opener(job.name, allowed, deadline)
         try:
-            try:
-                answer = opener.open(request, timeout=limit)
-                status = answer.status
-            except HTTPError as error:
-                answer, status = error, error.code  # a 4xx/5xx is an answer: the job decides what it means
-            with answer:
-                response = FetchResponse(status, _headers(answer.headers), _read(answer, started + limit))
+            with deadline:
+                try:
+                    answer = opener.open(request, timeout=limit)
+                    status = answer.status
+                except HTTPError as error:
+                    answer, status = error, error.code  # a 4xx/5xx is an answer: the job decides what it means
+                with answer:
+                    response = FetchResponse(status, _headers(answer.headers), _read(answer, max_bytes, deadline))
+        except _TooLarge:
+            raise FetchError(
+                f"{request.get_method()} to {origin} answered more than {max_bytes} bytes (max_bytes): "
+                "ask for less, or raise max_bytes.",
+                origin=origin,
+                reason="max_bytes",
+                code="fetch_too_large",
+            ) from None
         except FabrikaError:
             raise  # EgressRefused from a redirect is a PermissionError, hence an OSError: keep it as it is
         except (URLError, HTTPException, OSError) as error:
             # Past the deadline the attempt is over: say so rather than blame the network.
             ctx.signal.throw_if_aborted()
-            reason = type(getattr(error, "reason", None) or error).__name__
+            # A socket the deadline shut down fails in whatever way it was reading: name the cause.
+            reason = "TimeoutError" if deadline.passed else type(getattr(error, "reason", None) or error).__name__
             # No `from error`: its text may quote the URL, and a chained cause gets logged with tracebacks.
             message = f"{request.get_method()} to {origin} failed ({reason}): retry later, or check it is reachable."
             raise FetchError(message, origin=origin, reason=reason) from None
@@ -150,12 +178,78 @@ class _DeclaredRedirects(urllib.request.HTTPRedirectHandler):
         return new
 
 
-def _opener(job_name: str, allowed: frozenset[str]) -> urllib.request.OpenerDirector:
+class _Deadline:
+    """The end of one ``ctx.fetch`` call: at that moment every socket the call opened is shut down.
+
+    A socket timeout bounds each wait, not the call: a server sending a byte now and then would hold it for
+    ever. Shutting the sockets down wakes whatever read is blocked on them, wherever urllib is reading.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        # The plain socket's shutdown: SSLSocket.shutdown would also drop the TLS state another thread is using.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed already
+
+
+class _WatchedHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection whose socket the call's deadline can shut down."""
+
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        self._tls = _ssl_context or ssl.create_default_context()
+        super().__init__(context=self._tls)
+        self._deadline = deadline
+
+    def https_open(self, req: Any) -> Any:
+        connection = functools.partial(_WatchedHTTPSConnection, deadline=self._deadline)
+        return self.do_open(connection, req, context=self._tls)
+
+
+def _opener(job_name: str, allowed: frozenset[str], deadline: _Deadline) -> urllib.request.OpenerDirector:
     # Only the handlers HTTPS needs: no file:, ftp: or data: handler a crafted redirect could reach.
     opener = urllib.request.OpenerDirector()
     for handler in (
         urllib.request.ProxyHandler(),  # honours HTTPS_PROXY / NO_PROXY, as deployments behind a proxy need
-        urllib.request.HTTPSHandler(context=_ssl_context or ssl.create_default_context()),
+        _WatchedHTTPSHandler(deadline),
         urllib.request.HTTPDefaultErrorHandler(),
         _DeclaredRedirects(job_name, allowed),
         urllib.request.HTTPErrorProcessor(),
@@ -179,11 +273,35 @@ def _headers(message: Any) -> dict[str, str]:
     return {name.lower(): ", ".join(message.get_all(name)) for name in dict.fromkeys(message.keys())}
 
 
-def _read(answer: Any, deadline: float) -> bytes:
-    # The socket timeout bounds each wait, not the whole body: check the call's own deadline between chunks.
-    chunks = []
-    while chunk := answer.read(65536):
-        chunks.append(chunk)
-        if time.monotonic() > deadline:
-            raise TimeoutError("the body took longer than the call's timeout")
-    return b"".join(chunks)
+def _checked_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The headers as pairs, or ValueError naming the bad one; never quoting a value (it may be a bearer token)."""
+    checked = []
+    for position, (name, value) in enumerate(headers.items(), start=1):
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise ValueError(f"ctx.fetch header {position}'s name is not a header name: use letters, digits and '-'.")
+        if not isinstance(value, str) or _UNSAFE_VALUE.search(value):
+            raise ValueError(
+                f"ctx.fetch header {name!r} holds a line break or a control character: give a one-line value."
+            )
+        checked.append((name, value))
+    return checked
+
+
+class _TooLarge(Exception):
+    """The body is larger than the call's ``max_bytes``."""
+
+
+def _read(answer: Any, max_bytes: int, deadline: _Deadline) -> bytes:
+    """The body, held once (BytesIO hands its buffer over); _TooLarge as soon as it passes ``max_bytes``."""
+    declared = answer.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _TooLarge  # refused on its word, before a byte of the body is read
+    body = io.BytesIO()
+    while chunk := answer.read1(_CHUNK):
+        if body.tell() + len(chunk) > max_bytes:
+            raise _TooLarge
+        body.write(chunk)
+    if deadline.passed:
+        # The deadline shut the socket down: what came so far is not the body.
+        raise TimeoutError("the body took longer than the call's timeout")
+    return body.getvalue()

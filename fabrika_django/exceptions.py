@@ -102,14 +102,17 @@ class EgressRefused(CapabilityRefused):
 
 
 class FetchError(FabrikaError, ConnectionError):
-    """``ctx.fetch`` got no HTTP answer (DNS, connection, TLS or timeout). ``origin`` and ``reason`` are facts.
+    """``ctx.fetch`` got no HTTP answer (DNS, connection, TLS or timeout), or one larger than its ``max_bytes``
+    (``code`` is then ``"fetch_too_large"``). ``origin`` and ``reason`` are facts.
 
     The message names the origin and the error's class only, never the URL's path or query.
     """
 
     code = "fetch_failed"
 
-    def __init__(self, message: str, *, origin: str = "", reason: str = "") -> None:
+    def __init__(self, message: str, *, origin: str = "", reason: str = "", code: str = "") -> None:
         super().__init__(message)
         self.origin = origin
         self.reason = reason
+        if code:
+            self.code = code

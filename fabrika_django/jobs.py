@@ -206,3 +206,30 @@ def prune_history(ctx: JobContext) -> None:
             break
         pruned += deleted
     ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)
+    _prune_mail_ledger(ctx)
+
+
+def _prune_mail_ledger(ctx: JobContext) -> None:
+    """Forget mail ledger keys older than ``MAIL_LEDGER_DAYS`` (a repeat after that sends again), in batches."""
+    from .conf import settings
+    from .models import SentMail
+
+    cutoff = ctx.now() - timedelta(days=settings.MAIL_LEDGER_DAYS)
+    pruned = 0
+    while True:
+        ctx.signal.throw_if_aborted()
+        old = SentMail.objects.filter(created__lt=cutoff).order_by("created")  # the created index
+        batch = list(old.values_list("pk", flat=True)[:_PRUNE_BATCH])
+        if not batch:
+            break
+        with ctx.transaction():
+            pruned += SentMail.objects.filter(pk__in=batch).delete()[0]
+    ctx.log.debug("Pruned ledger_rows=%d older_than_days=%d", pruned, settings.MAIL_LEDGER_DAYS)
+
+
+@cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
+def sweep_files(ctx: JobContext) -> None:
+    """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
+    from ._sweep import run_in_job
+
+    run_in_job(ctx)

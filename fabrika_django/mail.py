@@ -7,10 +7,14 @@ and a key left ``sending`` by a try that died during the call is known to have a
 that deduplicates by key (``fabrika_deduplicates = True`` on the backend) is simply asked again, any other is
 reported ``unknown`` once, never silently sent twice.
 
-A backend may describe itself with these optional attributes (Django's own backends have none):
+A backend may describe itself with these optional attributes (fabrika describes Django's own backends):
 ``fabrika_provider`` (the name in ``SendResult.provider``), ``fabrika_deduplicates`` (it drops a second message
-with the same ``Message-ID``), ``fabrika_max_attachment_bytes`` (default 10 MiB) and ``fabrika_from_email`` (the
-sending address; ``DEFAULT_FROM_EMAIL`` otherwise).
+with the same ``Message-ID``; default False), ``fabrika_max_attachment_bytes`` (default 10 MiB),
+``fabrika_attachments`` and ``fabrika_unsubscribe_header`` (it carries attachments, the List-Unsubscribe header;
+default True), ``fabrika_confirmation`` (``"sent"``: an acceptance means the provider took the message, the default;
+``"queued"``: a relay or an operator may still hold it) and ``fabrika_from_email`` (the sending address;
+``DEFAULT_FROM_EMAIL`` otherwise). ``ctx.mail.capabilities`` answers them; a message the transport cannot carry is
+refused ``invalid_message`` before anything is reserved.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ _REFUSED = frozenset(
         "send_inside_transaction",
         "attachments_too_large",
         "file_missing",
+        "file_rejected",
         "recipient_refused",
         "sender_refused",
         "message_rejected",
@@ -70,6 +75,56 @@ def _installation_backend() -> Any:
     if handler is not None and hasattr(django_settings, "MAILERS"):
         return handler.default
     return get_connection(fail_silently=False)
+
+
+@dataclass(frozen=True)
+class _Capabilities:
+    """``ctx.mail.capabilities``: what the job's transport does."""
+
+    #: It carries attachments.
+    attachments: bool
+    #: It writes ``List-Unsubscribe`` and ``List-Unsubscribe-Post``.
+    unsubscribe_header: bool
+    #: The bytes of all attachments of one message together.
+    max_attachment_bytes: int
+    #: It drops a second message with the same key, so an unknown outcome may be sent again.
+    deduplicates: bool
+    #: "sent": an acceptance means the provider took it; "queued": a relay or an operator may still hold it.
+    confirmation: str
+
+
+_NO_TRANSPORT = _Capabilities(
+    attachments=False, unsubscribe_header=False, max_attachment_bytes=0, deduplicates=False, confirmation="sent"
+)
+#: Django's own backends, by module: every one but the dummy writes the whole message, headers and attachments
+#: included, wherever it puts it (an SMTP server, stdout, a file, the test outbox); none deduplicates.
+_DJANGO_BACKENDS = {
+    "smtp": {},
+    "console": {},
+    "filebased": {},
+    "locmem": {},
+    "dummy": {"fabrika_attachments": False, "fabrika_unsubscribe_header": False, "fabrika_max_attachment_bytes": 0},
+}
+
+
+def _capabilities_of(backend: Any) -> _Capabilities:
+    known: dict[str, Any] = {}
+    for cls in reversed(type(backend).__mro__):
+        module = cls.__module__
+        if module.startswith("django.core.mail.backends.") and cls.__name__ == "EmailBackend":
+            known = _DJANGO_BACKENDS.get(module.rsplit(".", 1)[-1], known)
+
+    def attribute(name: str, default: Any) -> Any:
+        return getattr(backend, name, known.get(name, default))
+
+    confirmation = attribute("fabrika_confirmation", "sent")
+    return _Capabilities(
+        attachments=bool(attribute("fabrika_attachments", True)),
+        unsubscribe_header=bool(attribute("fabrika_unsubscribe_header", True)),
+        max_attachment_bytes=int(attribute("fabrika_max_attachment_bytes", DEFAULT_MAX_ATTACHMENT_BYTES)),
+        deduplicates=bool(attribute("fabrika_deduplicates", False)),
+        confirmation="queued" if confirmation == "queued" else "sent",
+    )
 
 
 @dataclass(frozen=True)
@@ -129,7 +184,14 @@ class Mailer:
     @property
     def deduplicates(self) -> bool:
         """Whether the transport drops a second message with the same key (then an unknown outcome may retry)."""
-        return bool(getattr(self._backend, "fabrika_deduplicates", False))
+        return self.capabilities.deduplicates
+
+    @cached_property
+    def capabilities(self) -> _Capabilities:
+        """What the transport does: ``attachments``, ``unsubscribe_header``, ``max_attachment_bytes``,
+        ``deduplicates`` and ``confirmation`` ("sent" or "queued"); nothing at all without a transport."""
+        backend = self._backend
+        return _NO_TRANSPORT if backend is None else _capabilities_of(backend)
 
     def may_retry(self, error: BaseException) -> bool:
         """Whether the message that raised ``error`` may go again.
@@ -172,6 +234,8 @@ class Mailer:
                 code="mail_not_configured",
             )
         key = _check_key(idempotency_key)
+        files = tuple(attachments)
+        self._refuse_what_the_transport_cannot_carry(files, unsubscribe_url)
         envelope = Envelope.build(
             to=to,
             subject=subject,
@@ -179,9 +243,9 @@ class Mailer:
             html=html,
             reply_to=reply_to,
             from_name=from_name,
-            attachments=attachments,
+            attachments=files,
             unsubscribe_url=unsubscribe_url,
-            limit=int(getattr(backend, "fabrika_max_attachment_bytes", DEFAULT_MAX_ATTACHMENT_BYTES)),
+            limit=self.capabilities.max_attachment_bytes,
         )
         seconds = self._deadline(timeout)
         ledger = _Ledger(_key_hash(key), envelope.content_hash)
@@ -197,6 +261,19 @@ class Mailer:
         ledger.accepted(result)
         logger.info("Mail accepted job=%s provider=%s", self._job_name, result.provider)
         return result
+
+    def _refuse_what_the_transport_cannot_carry(self, files: tuple[Any, ...], unsubscribe_url: str | None) -> None:
+        capabilities = self.capabilities
+        if files and not capabilities.attachments:
+            raise EmailDeliveryError(
+                "This transport carries no attachments: send a link to the file instead.", code="invalid_message"
+            )
+        if unsubscribe_url is not None and not capabilities.unsubscribe_header:
+            raise EmailDeliveryError(
+                "This transport writes no List-Unsubscribe header: send without unsubscribe_url, "
+                "and put the link in the text.",
+                code="invalid_message",
+            )
 
     def _refuse_inside_transaction(self) -> None:
         run = active_run()

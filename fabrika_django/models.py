@@ -150,6 +150,7 @@ class Outcome(models.TextChoices):
     TOKEN_EXPIRED = "token_expired", _("token expired")
     EGRESS_REFUSED = "egress_refused", _("egress refused")
     FETCH_FAILED = "fetch_failed", _("fetch failed")
+    FETCH_TOO_LARGE = "fetch_too_large", _("fetch too large")
     # ctx.mail's refusals (EmailDeliveryError.code), when a handler lets one end the attempt.
     MAIL_NOT_CONFIGURED = "mail_not_configured", _("mail not configured")
     INVALID_MESSAGE = "invalid_message", _("invalid message")
@@ -158,6 +159,8 @@ class Outcome(models.TextChoices):
     SEND_INSIDE_TRANSACTION = "send_inside_transaction", _("send inside transaction")
     ATTACHMENTS_TOO_LARGE = "attachments_too_large", _("attachments too large")
     FILE_MISSING = "file_missing", _("attachment file missing")
+    FILE_NOT_READY = "file_not_ready", _("attachment file not ready")
+    FILE_REJECTED = "file_rejected", _("attachment file rejected")
     RECIPIENT_REFUSED = "recipient_refused", _("recipient refused")
     SENDER_REFUSED = "sender_refused", _("sender refused")
     MESSAGE_REJECTED = "message_rejected", _("message rejected")
@@ -285,6 +288,8 @@ class SentMail(models.Model):
     class Meta:
         verbose_name = _("sent mail")
         verbose_name_plural = _("sent mail")
+        # The pruning job deletes by age, in batches.
+        indexes = [models.Index(fields=["created"], name="fabrika_sentmail_created")]
 
     def __str__(self) -> str:
         return f"{self.provider} {self.state}"

@@ -131,7 +131,7 @@ def test_no_action_lists_the_actions():
     code, _, error = fabrika_job()
     assert (code, error) == (
         2,
-        "Give an action: run, worker, crontab, list, status, kick, requeue "
+        "Give an action: run, worker, crontab, list, status, kick, requeue, sweep-files "
         "('manage.py fabrika_job ACTION --help' for its options).",
     )
 

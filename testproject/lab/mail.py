@@ -45,3 +45,13 @@ class DiesAfterAcceptanceSMTPBackend(SMTPBackend):
 class DedupDiesAfterAcceptanceSMTPBackend(DiesAfterAcceptanceSMTPBackend):
     fabrika_provider = "dedup-relay"
     fabrika_deduplicates = True
+
+
+class PlainRelayBackend(LocmemBackend):
+    """A relay that carries neither attachments nor the unsubscribe header, and may hold a message it accepted."""
+
+    fabrika_provider = "plain-relay"
+    fabrika_attachments = False
+    fabrika_unsubscribe_header = False
+    fabrika_max_attachment_bytes = 0
+    fabrika_confirmation = "queued"

@@ -2,6 +2,8 @@ from django.db import models
 
 from fabrika_django.models import QueueModel
 
+from .storage import private_storage
+
 
 class Mark(models.Model):
     """A line a lab job writes, so a test in another process can see what ran and when."""
@@ -27,3 +29,12 @@ class Item(QueueModel):
 
     def __str__(self) -> str:
         return f"Item {self.pk}"
+
+
+class Document(models.Model):
+    """A file in a storage of its own (``storage.PrivateStorage``): the sweep must see its names as that storage's."""
+
+    file = models.FileField(upload_to="docs/", storage=private_storage, blank=True)
+
+    def __str__(self) -> str:
+        return f"Document {self.pk}"

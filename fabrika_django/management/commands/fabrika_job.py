@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _report, kicks, runner, worker
+from fabrika_django import _report, _sweep, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
@@ -120,13 +120,16 @@ class Command(BaseCommand):
         requeue.add_argument("--dead", action="store_true", help="requeue the dead rows (with --id: those of them)")
         requeue.add_argument("--id", dest="ids", nargs="+", action="extend", metavar="ID", help="requeue these rows")
 
+        sweep = action("sweep-files", "Delete the files no file column references, per FABRIKA['FILE_SWEEP'], now.")
+        sweep.add_argument("--dry-run", action="store_true", help="list what it would delete; delete nothing")
+
     def handle(self, *args: Any, action: str | None, **options: Any) -> None:
         if action is None:
             raise _usage(
                 f"Give an action: {', '.join(self._action_names)} "
                 "('manage.py fabrika_job ACTION --help' for its options)."
             )
-        handler: Callable[..., None] = getattr(self, f"_handle_{action}")
+        handler: Callable[..., None] = getattr(self, f"_handle_{action.replace('-', '_')}")
         try:
             handler(**options)
         except UnknownJob as exc:
@@ -279,6 +282,9 @@ class Command(BaseCommand):
                 "look at them again, then run the command again.",
                 returncode=1,
             )
+
+    def _handle_sweep_files(self, **options: Any) -> None:
+        _sweep.command(self, **options)
 
     def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
