@@ -254,6 +254,7 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "POLL_INTERVAL": (_positive_number, "a number of seconds above 0, e.g. 1.0"),
     "LISTEN_DATABASE": (lambda v: v is None or isinstance(v, str), "a database alias, e.g. 'default', or None to poll"),
     "RUN_HISTORY_DAYS": (_positive_int, "a whole number of days, 1 or more"),
+    "TASK_RESULT_DAYS": (_positive_int, "a whole number of days, 1 or more"),
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),

@@ -186,6 +186,11 @@ def _check_permission(permission: str) -> str:
     return permission
 
 
+def task_job_name(backend: str, queue: str) -> str:
+    """Return the name of the built-in job serving a Django task backend's queue, e.g. ``tasks.default.emails``."""
+    return f"tasks.{backend}.{queue}"
+
+
 # -- fabrika's own jobs ------------------------------------------------------------------------------------
 
 _PRUNE_BATCH = 1000
