@@ -10,7 +10,7 @@ from importlib.util import find_spec
 from django.core.exceptions import ImproperlyConfigured
 
 if find_spec("django.tasks") is not None:
-    from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, default_task_backend, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -20,6 +20,7 @@ else:  # Django 5.2
     try:
         from django_tasks import (  # type: ignore[no-redef]
             DEFAULT_TASK_QUEUE_NAME,
+            default_task_backend,
             task_backends,
         )
         from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef,assignment]
@@ -56,6 +57,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "default_task_backend",
     "normalize_json",
     "task_backends",
     "task_enqueued",
