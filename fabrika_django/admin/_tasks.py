@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import QueuedTask, TaskStatus
-from ._queues import QueueModelAdminMixin
+from ._queues import QueueModelAdminMixin, StateListFilter
 
 
 class _FunctionFilter(admin.SimpleListFilter):
@@ -47,7 +47,8 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
         "finished_at",
         "tries",
     )
-    list_filter = ("status", "queue_name", _FunctionFilter, "backend")
+    # The queue's state filter too: the overview's counts link to it.
+    list_filter = ("status", "queue_name", _FunctionFilter, "backend", StateListFilter)
     list_per_page = 50
     search_fields = ("=result_id",)
     date_hierarchy = "enqueued_at"
