@@ -360,6 +360,10 @@ class QueuedTask(QueueModel):
             ),
             models.Index(fields=["finished_at"], name="fabrika_task_finished"),  # the pruning
         ]
+        constraints = [
+            # Django's bounds (TASK_MIN_PRIORITY, TASK_MAX_PRIORITY), also for rows written by hand.
+            models.CheckConstraint(condition=Q(priority__range=(-100, 100)), name="fabrika_task_priority_range"),
+        ]
 
     class Queue:
         max_attempts = TASK_ATTEMPTS_CEILING
