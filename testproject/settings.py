@@ -121,6 +121,10 @@ if find_spec("django.tasks") or find_spec("django_tasks"):
             "OPTIONS": {"max_attempts": 3, "timeout": 60},
         }
     }
+    # bench/tasks.py runs django-tasks-db beside it on the same database (installed by hand, not a dependency).
+    if env.bool("FABRIKA_BENCH_TASKS_DB", default=False):
+        INSTALLED_APPS.append("django_tasks_db")
+        TASKS["db"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}
 
 LOGGING = {
     "version": 1,
