@@ -11,6 +11,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
   E034 ``OWN_MAIL_SENDER`` that does not import to a callable
+- E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
+  (reported by the backend's own ``check()``, which Django's tasks checks call)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 """

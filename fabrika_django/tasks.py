@@ -16,6 +16,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.apps import apps
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -109,6 +111,18 @@ class FabrikaBackend(BaseTaskBackend):
         except QueuedTask.DoesNotExist:
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(row)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report a backend whose tables cannot exist: fabrika_django missing from INSTALLED_APPS."""
+        if apps.is_installed("fabrika_django"):
+            return []
+        return [
+            checks.Error(
+                f"TASKS[{self.alias!r}] is a FabrikaBackend, but fabrika_django is not installed.",
+                hint="Add 'fabrika_django' to INSTALLED_APPS and run migrate.",
+                id="fabrika.E040",
+            )
+        ]
 
     def _register_jobs(self) -> None:
         """Register (again, after a settings change) the built-in job of each of this backend's queues."""

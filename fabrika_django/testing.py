@@ -106,8 +106,9 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
     """Run every due task of ``backend``'s ``queue`` now, through the worker's path, and answer their results.
 
     The answer is a ``TaskResult`` per task the run took (ran, or gave up), in the order it took them, read
-    after the run. A task whose attempt failed is due again only after its backoff, so a second call does
-    not retry it at once: make it due (``QueuedTask.objects.filter(...).update(due=timezone.now())``) first.
+    after the run; a task whose function does not import (its row FAILED with the ImportError) has none.
+    A task whose attempt failed is due again only after its backoff, so a second call does not retry it at
+    once: make it due first (``QueuedTask.objects.filter(...).update(due=timezone.now())``).
     """
     from django.db import connection
     from django.db.models import Q
@@ -135,7 +136,13 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
     taken = QueuedTask.objects.filter(
         Q(last_attempted_at__gte=started) | Q(finished_at__gte=started), backend=backend, queue_name=queue
     )
-    return [result_of(row) for row in taken.order_by("last_attempted_at", "pk")]
+    results = []
+    for row in taken.order_by("last_attempted_at", "pk"):
+        try:
+            results.append(result_of(row))
+        except Exception:  # its function no longer imports: no TaskResult can stand for it
+            continue
+    return results
 
 
 def _no_pause(failed_attempt: int) -> float:

@@ -266,3 +266,18 @@ def test_another_backend_alias_gets_jobs_of_its_own():
             assert [ran.id for ran in run_tasks(backend="bulk")] == [result.id]
     finally:
         registry.unregister("tasks.bulk.default")
+
+
+def test_a_task_whose_function_no_longer_imports_fails_its_attempts_and_run_tasks_goes_on():
+    gone = tasks.add.enqueue(1, 2)
+    QueuedTask.objects.filter(result_id=gone.id).update(task_path="testproject.lab.tasks.removed")
+    kept = tasks.add.enqueue(3, 4)
+    assert [result.id for result in run_tasks()] == [kept.id]
+    row = QueuedTask.objects.get(result_id=gone.id)
+    assert row.status == "READY" and [error["exception_class_path"] for error in row.errors] == ["builtins.ImportError"]
+
+
+def test_the_backend_check_reports_fabrika_django_missing_from_installed_apps():
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
+        [error] = task_backends["default"].check()
+    assert (error.id, error.hint) == ("fabrika.E040", "Add 'fabrika_django' to INSTALLED_APPS and run migrate.")
