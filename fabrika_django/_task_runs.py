@@ -1,7 +1,7 @@
 """What a Django task queue's built-in job does: claim due task rows in claim order and run each.
 
 One task, in the job's attempt:
-1. RUNNING, with ``started_at``, ``last_attempted_at`` and the worker's id, in a fenced transaction;
+1. RUNNING, with ``started_at``, ``last_attempted_at`` and the worker's id, while the job's lease holds;
 2. the task's function, as plain Django code (no write guard, no fence: ``outside_run``);
 3. SUCCESSFUL with its JSON return value, or the failed attempt's ``TaskError`` (class path and frames,
    no message unless ``STORE_ERROR_MESSAGES``): READY again after the claim's backoff while attempts remain,
@@ -90,7 +90,7 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
         logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
         _send_finished(backend, row)
         return
-    started = _record(
+    started = _start(
         ctx,
         row,
         status=TaskStatus.RUNNING,
@@ -132,11 +132,7 @@ def _json(value: Any, row: Any) -> Any:
 def _finish(ctx: Any, row: Any, value: Any) -> None:
     from .models import TaskStatus
 
-    with ctx.transaction():
-        try:
-            row.finish(status=TaskStatus.SUCCESSFUL, finished_at=timezone.now(), return_value=value)
-        except VersionConflict:
-            logger.warning("Task changed while it ran task=%s code=version_conflict", row.result_id)
+    _record(ctx, row, status=TaskStatus.SUCCESSFUL, finished_at=timezone.now(), return_value=value, due=None)
 
 
 def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
@@ -153,14 +149,29 @@ def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
 
 
 def _record(ctx: Any, row: Any, **values: Any) -> bool:
-    """Write ``values`` to the claimed row in a fenced transaction; False if it changed since it was read."""
-    with ctx.transaction():
+    """Write ``values`` to the claimed row in one UPDATE checked against its version; False if it changed.
+
+    Not a fenced transaction (three round trips): the version is the guard. A replacement run claims the row
+    again (a new version) before it touches it, so a stale attempt's write then matches nothing; before
+    that, what it writes is the truth about the attempt it made. Starting a task is fenced (``_start``).
+    """
+    with framework_write():
         try:
             row._write_versioned(values)
         except VersionConflict:
             logger.warning("Task changed since it was claimed task=%s code=version_conflict", row.result_id)
             return False
     return True
+
+
+def _start(ctx: Any, row: Any, **values: Any) -> bool:
+    """Mark the row RUNNING, unless the attempt's lease may have ended: a stale run never starts a task.
+
+    The fence's own local check (the signal, and the time the last renewal is known to cover; no round trip):
+    the lease cannot be taken over before it expires, and the UPDATE follows at once.
+    """
+    ctx._fence.check()
+    return _record(ctx, row, **values)
 
 
 def _give_back(ctx: Any, rows: list[Any]) -> None:

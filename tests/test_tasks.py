@@ -281,3 +281,13 @@ def test_the_backend_check_reports_fabrika_django_missing_from_installed_apps():
     with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
         [error] = task_backends["default"].check()
     assert (error.id, error.hint) == ("fabrika.E040", "Add 'fabrika_django' to INSTALLED_APPS and run migrate.")
+
+
+@override_settings(FABRIKA={"LEASE_SECONDS": 1})
+def test_a_run_that_lost_its_lease_starts_no_further_task():
+    tasks.loses_the_lease.enqueue()
+    waiting = tasks.mark.enqueue("never")
+    run_tasks()
+    row = QueuedTask.objects.get(result_id=waiting.id)
+    assert (row.status, row.worker_ids, row.started_at) == ("READY", [], None)
+    assert not Mark.objects.exists()

@@ -69,3 +69,15 @@ def stalls_the_first_time(flag_path):
         Mark.objects.create(job="task", note="stalled", pid=os.getpid())
         time.sleep(600)
     return "done"
+
+
+@task
+def loses_the_lease():
+    """Take the running job's lease away, as a takeover would, and work on past the lease's end."""
+    import uuid
+
+    from fabrika_django.models import Lease
+
+    Lease.objects.filter(job="tasks.default.default").update(token=uuid.uuid4())
+    time.sleep(1.5)
+    return "late"
