@@ -53,7 +53,7 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     """
     from .models import QueuedTask
 
-    backend = task_backends[alias]
+    backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
     minimum = backend.timeout.total_seconds()
     where = Q(backend=alias, queue_name=queue)
     while True:
@@ -208,7 +208,7 @@ def _traceback(exc: BaseException) -> str:
 
 def result_of(row: Any, task: Task | None = None) -> TaskResult:
     """Return the ``TaskResult`` a task row stands for (``task``: the enqueued one, else imported by path)."""
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task if task is not None else task_of(row),
         id=str(row.result_id),
         status=TaskResultStatus(row.status),

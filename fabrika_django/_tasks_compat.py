@@ -18,7 +18,7 @@ if find_spec("django.tasks") is not None:
     from django.utils.json import normalize_json
 else:  # Django 5.2
     try:
-        from django_tasks import (  # type: ignore[no-redef]
+        from django_tasks import (  # type: ignore[no-redef,assignment]
             DEFAULT_TASK_QUEUE_NAME,
             default_task_backend,
             task_backends,

@@ -346,7 +346,7 @@ class QueuedTask(QueueModel):
     errors = models.JSONField(_("errors"), default=list, blank=True)
     worker_ids = models.JSONField(_("worker ids"), default=list, blank=True)
 
-    objects = _TaskManager()
+    objects = _TaskManager()  # type: ignore[misc]  # QueueModel's manager, with the tasks' claim order
 
     class Meta:
         verbose_name = _("task")
