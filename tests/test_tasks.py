@@ -226,7 +226,8 @@ def test_run_tasks_inside_a_test_transaction_runs_inline(django_db_blocker):
 def test_finished_tasks_are_pruned_after_task_result_days_by_the_built_in_job():
     old, recent, failed_old, waiting = (tasks.add.enqueue(n, n) for n in range(4))
     long_ago = timezone.now() - timedelta(days=8)
-    QueuedTask.objects.filter(result_id__in=[old.id, failed_old.id]).update(finished_at=long_ago, status="SUCCESSFUL")
+    QueuedTask.objects.filter(result_id=old.id).update(finished_at=long_ago, status="SUCCESSFUL", due=None)
+    QueuedTask.objects.filter(result_id=failed_old.id).update(finished_at=long_ago, status="FAILED", attempts=100)
     QueuedTask.objects.filter(result_id=recent.id).update(finished_at=timezone.now() - timedelta(days=6))
     assert run_job("fabrika_prune_history").ok
     assert sorted(str(pk) for pk in QueuedTask.objects.values_list("result_id", flat=True)) == sorted(
