@@ -362,7 +362,7 @@ class QueuedTask(QueueModel):
         ]
         constraints = [
             # Django's bounds (TASK_MIN_PRIORITY, TASK_MAX_PRIORITY), also for rows written by hand.
-            models.CheckConstraint(condition=Q(priority__range=(-100, 100)), name="fabrika_task_priority_range"),
+            models.CheckConstraint(condition=models.Q(priority__range=(-100, 100)), name="fabrika_task_priority_range"),
         ]
 
     class Queue:

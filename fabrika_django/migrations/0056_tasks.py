@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fabrika_django', '0005_outcome_codes'),
+        ('fabrika_django', '0001_initial'),
     ]
 
     operations = [
