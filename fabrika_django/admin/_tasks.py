@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -92,9 +92,10 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
             )
 
     def _requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if request.method == "POST":
-            row = get_object_or_404(self.get_queryset(request), pk=object_id)
-            if row.status != TaskStatus.FAILED:
+        # Only a failed task; everything else (POST only, permission first, a missing row) as for any queue row.
+        if request.method == "POST" and self.has_change_permission(request):
+            row = self.get_object(request, unquote(object_id))
+            if row is not None and row.status != TaskStatus.FAILED:
                 self.message_user(request, _("Only a failed task can be requeued."), messages.WARNING)
                 opts = self.model._meta
                 page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
