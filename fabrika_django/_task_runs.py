@@ -75,7 +75,7 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
     from .models import TASK_ATTEMPTS_CEILING, TaskStatus
 
     now = timezone.now()
-    if row.attempts > backend.max_attempts:
+    if _attempts_left(row, backend) < 0:
         # Its last attempt never reported back: give it up rather than run it past max_attempts.
         lost = {"exception_class_path": _LOST, "traceback": ""}
         _record(
@@ -140,12 +140,20 @@ def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
 
     error = {"exception_class_path": _class_path(type(exc)), "traceback": _traceback(exc)}
     values: dict[str, Any] = {"errors": [*row.errors, error], "last_failure": "task_failed"}
-    if row.attempts >= backend.max_attempts:
+    if _attempts_left(row, backend) <= 0:
         values.update(status=TaskStatus.FAILED, finished_at=timezone.now(), attempts=TASK_ATTEMPTS_CEILING)
     else:
         values["status"] = TaskStatus.READY  # due again after the claim's backoff
     logger.warning("Task attempt failed task=%s attempt=%d error=%s", row.result_id, row.attempts, type(exc).__name__)
     _record(ctx, row, **values)
+
+
+def _attempts_left(row: Any, backend: Any) -> int:
+    """Return the claims the task has left under its backend's ``max_attempts`` (below 0: one more than allowed).
+
+    The task's own limit: the table's (``Queue.max_attempts``) is the ceiling a given-up task jumps to.
+    """
+    return int(backend.max_attempts - row.attempts)
 
 
 def _record(ctx: Any, row: Any, **values: Any) -> bool:
