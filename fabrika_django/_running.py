@@ -77,3 +77,17 @@ def framework_write() -> Iterator[None]:
         yield
     finally:
         run.framework_writes -= 1
+
+
+@contextmanager
+def outside_run() -> Iterator[None]:
+    """Suspend the thread's active run for the block: code run there is plain Django code, as in a view.
+
+    A Django task runs inside its queue's job, yet it is not a job: no write guard, no fence, no claim.
+    """
+    previous = active_run()
+    _local.run = None
+    try:
+        yield
+    finally:
+        _local.run = previous

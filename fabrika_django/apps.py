@@ -1,5 +1,8 @@
+import sys
+
 from django.apps import AppConfig
-from django.utils.module_loading import autodiscover_modules
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules, import_string
 from django.utils.translation import gettext_lazy as _
 
 
@@ -15,3 +18,21 @@ class FabrikaConfig(AppConfig):
 
         # Like admin.autodiscover(): every installed app's jobs.py registers its @cron jobs.
         autodiscover_modules("jobs", register_to=registry)
+        _register_task_jobs()
+
+
+def _register_task_jobs() -> None:
+    """Register the built-in job of each queue of the ``TASKS`` backends that are fabrika's.
+
+    fabrika_django.tasks is imported only when a configured backend imported it: on Django 5.2 it needs the
+    optional django-tasks backport.
+    """
+    for params in getattr(settings, "TASKS", {}).values():
+        try:
+            import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own check of TASKS reports it
+    if "fabrika_django.tasks" in sys.modules:
+        from .tasks import register_configured_backends
+
+        register_configured_backends()

@@ -12,6 +12,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
   E034 ``OWN_MAIL_SENDER`` that does not import to a callable, E035 ``FILE_STATE`` that does not import to a
   callable, E036 a bad ``FILE_SWEEP``
+- E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
+  (reported by the backend's own ``check()``, which Django's tasks checks call)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 """
@@ -257,6 +259,7 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "RUN_HISTORY_DAYS": (_positive_int, "a whole number of days, 1 or more"),
     "MAIL_LEDGER_DAYS": (_positive_int, "a whole number of days, 1 or more"),
     "FILE_STATE": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a callable"),
+    "TASK_RESULT_DAYS": (_positive_int, "a whole number of days, 1 or more"),
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),

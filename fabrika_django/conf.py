@@ -22,6 +22,8 @@ DEFAULTS: dict[str, Any] = {
     # The mail idempotency ledger forgets a key after this many days (pruned by the built-in job); a repeat
     # after that sends again.
     "MAIL_LEDGER_DAYS": 30,
+    # Finished Django tasks (fabrika_django.tasks) older than this many days are pruned by the built-in job.
+    "TASK_RESULT_DAYS": 7,
     # Keep exception messages in the history. Off: a message can quote a user's value.
     "STORE_ERROR_MESSAGES": False,
     # Dotted path of a factory returning the application's own mail sender (a Django e-mail backend) or None.

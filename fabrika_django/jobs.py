@@ -186,6 +186,11 @@ def _check_permission(permission: str) -> str:
     return permission
 
 
+def task_job_name(backend: str, queue: str) -> str:
+    """Return the name of the built-in job serving a Django task backend's queue, e.g. ``tasks.default.emails``."""
+    return f"tasks.{backend}.{queue}"
+
+
 # -- fabrika's own jobs ------------------------------------------------------------------------------------
 
 _PRUNE_BATCH = 1000
@@ -193,7 +198,8 @@ _PRUNE_BATCH = 1000
 
 @cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
 def prune_history(ctx: JobContext) -> None:
-    """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
+    """Delete attempt history older than ``RUN_HISTORY_DAYS`` and Django tasks finished more than
+    ``TASK_RESULT_DAYS`` ago, in bounded batches, oldest first."""
     from . import _jobstate  # it imports the models: this module is imported before the app registry is ready
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
@@ -207,6 +213,23 @@ def prune_history(ctx: JobContext) -> None:
         pruned += deleted
     ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)
     _prune_mail_ledger(ctx)
+    _prune_task_results(ctx)
+
+
+def _prune_task_results(ctx: JobContext) -> None:
+    """Delete the Django tasks (fabrika_django.tasks) that finished more than ``TASK_RESULT_DAYS`` ago."""
+    from .models import QueuedTask  # as above: the models need the app registry
+
+    finished = QueuedTask.objects.filter(finished_at__lt=ctx.now() - timedelta(days=settings.TASK_RESULT_DAYS))
+    pruned = 0
+    while True:
+        ctx.signal.throw_if_aborted()
+        batch = list(finished.order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH])
+        if not batch:
+            break
+        with ctx.transaction():
+            pruned += QueuedTask.objects.filter(pk__in=batch).delete()[0]
+    ctx.log.debug("Pruned tasks=%d older_than_days=%d", pruned, settings.TASK_RESULT_DAYS)
 
 
 def _prune_mail_ledger(ctx: JobContext) -> None:

@@ -45,6 +45,9 @@ def _now() -> datetime:
 class QueueQuerySet(models.QuerySet[_M]):
     """Rows of a queue table. The state filters narrow; ``claim()`` and ``finish_all()`` act."""
 
+    #: The order claim() takes due rows in; a queue of its own (Django tasks: priority first) may change it.
+    _claim_order: tuple[str, ...] = ("due", "pk")
+
     def waiting(self) -> QueueQuerySet[_M]:
         """Narrow to rows with ``due`` set and attempts below the model's ``max_attempts``."""
         return self.filter(state_q(self.model, "waiting"))
@@ -80,7 +83,7 @@ class QueueQuerySet(models.QuerySet[_M]):
         connection = connections[using]
         now = run.now()
         # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
-        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by("due", "pk").defer("due")
+        rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by(*self._claim_order).defer("due")
         with framework_write(), transaction.atomic(using=using):
             rows = list(_locked(rows_qs, connection)[:limit])
             if rows:

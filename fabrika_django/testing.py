@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connection, connections
 from django.test import TestCase
@@ -99,6 +100,49 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
     else:
         result = runner.run(name, "manual", clock=clock, mail_mode=mail, inline=False, pause=_no_pause)
     return JobResult(job=result.job, outcome=result.outcome, attempts=result.attempts, run_id=result.run_id)
+
+
+def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
+    """Run every due task of ``backend``'s ``queue`` now, through the worker's path, and answer their results.
+
+    The answer is a ``TaskResult`` per task the run took (ran, or gave up), in the order it took them, read
+    after the run; a task whose function does not import (its row FAILED with the ImportError) has none.
+    A task whose attempt failed is due again only after its backoff, so a second call does not retry it at
+    once: make it due first (``QueuedTask.objects.filter(...).update(due=timezone.now())``).
+    """
+    from django.db import connection
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from . import runner
+    from ._task_runs import result_of
+    from ._tasks_compat import task_backends
+    from .jobs import task_job_name
+    from .models import QueuedTask
+    from .tasks import FabrikaBackend
+
+    served = task_backends[backend]  # made after a settings change: that registers its queues' jobs
+    if not isinstance(served, FabrikaBackend):
+        raise ValueError(f"run_tasks(backend={backend!r}) is not a FabrikaBackend in TASKS: name one that is.")
+    if queue not in served.queues:
+        raise ValueError(f"run_tasks(queue={queue!r}) is not a queue of TASKS[{backend!r}]: use one of its QUEUES.")
+    name = task_job_name(backend, queue)
+    started = timezone.now()
+    if connection.in_atomic_block:
+        with _commit_hooks_of_the_run():
+            runner.run(name, "manual", clock=timezone.now, inline=True, pause=_no_pause)
+    else:
+        runner.run(name, "manual", clock=timezone.now, inline=False, pause=_no_pause)
+    taken = QueuedTask.objects.filter(
+        Q(last_attempted_at__gte=started) | Q(finished_at__gte=started), backend=backend, queue_name=queue
+    )
+    results = []
+    for row in taken.order_by("last_attempted_at", "pk"):
+        try:
+            results.append(result_of(row))
+        except Exception:  # its function no longer imports: no TaskResult can stand for it
+            continue
+    return results
 
 
 def _no_pause(failed_attempt: int) -> float:

@@ -6,6 +6,7 @@
 import os
 import sys
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import django
@@ -110,6 +111,20 @@ FABRIKA = {
     # Empty: the worker polls (a database behind a transaction pooler, where LISTEN cannot work).
     "LISTEN_DATABASE": env("FABRIKA_LISTEN_DATABASE", default="default") or None,
 }
+
+# Django tasks on fabrika's worker: built into Django 6.0+, the django-tasks backport on 5.2 (the "tasks" extra).
+if find_spec("django.tasks") or find_spec("django_tasks"):
+    TASKS = {
+        "default": {
+            "BACKEND": "fabrika_django.tasks.FabrikaBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"max_attempts": 3, "timeout": 60},
+        }
+    }
+    # bench/tasks.py runs django-tasks-db beside it on the same database (installed by hand, not a dependency).
+    if env.bool("FABRIKA_BENCH_TASKS_DB", default=False):
+        INSTALLED_APPS.append("django_tasks_db")
+        TASKS["db"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,6 @@
 """The admin: ``QueueModelAdmin`` for the application's queue tables; fabrika's own jobs and attempts.
 
-Importing this module (the admin's autodiscovery does) registers the jobs, attempts and sent-mail pages on
+Importing this module (the admin's autodiscovery does) registers the jobs, attempts, tasks and sent-mail pages on
 ``admin.site``, and the overview of every queue and job (the admin index's "Overview" under
 "Background jobs"). Every page is staff only, like the rest of the admin.
 """
@@ -9,6 +9,7 @@ from ._jobs import AttemptAdmin, JobAdmin
 from ._mail import SentMailAdmin
 from ._overview import OverviewAdmin
 from ._queues import QueueModelAdmin, QueueModelAdminMixin, StateListFilter
+from ._tasks import QueuedTaskAdmin
 
 __all__ = [
     "AttemptAdmin",
@@ -16,6 +17,7 @@ __all__ = [
     "OverviewAdmin",
     "QueueModelAdmin",
     "QueueModelAdminMixin",
+    "QueuedTaskAdmin",
     "SentMailAdmin",
     "StateListFilter",
 ]

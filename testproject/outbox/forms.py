@@ -7,3 +7,7 @@ class RegistrationForm(forms.ModelForm):
     class Meta:
         model = Registration
         fields = ("name", "email")
+
+
+class ResendForm(forms.Form):
+    email = forms.EmailField()

@@ -7,4 +7,5 @@ urlpatterns = [
     path("", views.register, name="register"),
     path("thanks/", views.thanks, name="thanks"),
     path("unsubscribe/", views.unsubscribe, name="unsubscribe"),
+    path("resend/", views.resend_welcome, name="resend"),
 ]

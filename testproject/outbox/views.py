@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods
 from fabrika_django import TokenExpired, TokenInvalid, kick
 from fabrika_django.tokens import verify
 
-from .forms import RegistrationForm
+from .forms import RegistrationForm, ResendForm
 from .models import Person
 
 
@@ -27,6 +27,21 @@ def register(request):
 
 def thanks(request):
     return render(request, "outbox/thanks.html")
+
+
+@require_http_methods(["GET", "POST"])
+def resend_welcome(request):
+    """Enqueue the Django task that resends a person's welcome mail; the page never says whether one exists."""
+    from .tasks import resend_welcome  # Django tasks are optional on Django 5.2 (the backport)
+
+    form = ResendForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        person = Person.objects.filter(email=form.cleaned_data["email"]).first()
+        if person is not None:
+            with transaction.atomic():
+                resend_welcome.enqueue(person.pk)  # a row in this transaction; its job is kicked on commit
+        return render(request, "outbox/resent.html")
+    return render(request, "outbox/resend.html", {"form": form})
 
 
 # RFC 8058: a mailbox unsubscribes with a POST that carries no CSRF token; the signed token is the authority.

@@ -1,0 +1,271 @@
+"""Django tasks: fabrika_django.tasks.FabrikaBackend against django-tasks-db, on the same PostgreSQL, in one run.
+
+    pip install "django-tasks-db==0.13.0"       # the peer; never a dependency of fabrika
+    .venv/bin/python -m bench.tasks [--postgres URL] [--enqueues 1000] [--drain 20000] [--latency 200]
+
+It drops and recreates its database (``fabrika_bench_tasks`` by default), then measures, each way in turn:
+1. one-at-a-time enqueue rate from a loop with no worker running, each enqueue its own transaction (as from a
+   view in autocommit): a fabrika task, a queue-table row + ``kick()``, and a django-tasks-db task; three
+   interleaved rounds, the median counts;
+2. a drain of ``--drain`` no-op tasks with one worker (``fabrika_job worker`` / ``db_worker --batch
+   --interval 0``), tasks per second from the rows' own ``started_at`` of the first to ``finished_at`` of the last;
+3. enqueue-to-start latency with an idle worker (fabrika: LISTEN/NOTIFY; django-tasks-db: polling every 0.1 s):
+   the task row's ``started_at`` minus the moment just before ``enqueue()`` was called.
+Targets (issue 14): enqueue >= 0.9x theirs, drain >= 5x theirs, latency p50 <= 3 ms and p99 <= 12 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from bench._setup import out
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUNDS = 3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432/fabrika_bench_tasks")
+    parser.add_argument("--enqueues", type=int, default=1000, help="enqueues per way and round")
+    parser.add_argument("--drain", type=int, default=20_000)
+    parser.add_argument("--latency", type=int, default=200, help="tasks per way for the latency")
+    args = parser.parse_args()
+    try:
+        import django_tasks_db  # noqa: F401
+    except ImportError:
+        out('django-tasks-db is not installed: pip install "django-tasks-db==0.13.0" (the peer of this bench).')
+        return 2
+    _fresh_database(args.postgres)
+    os.environ.update(
+        DATABASE_URL=args.postgres, FABRIKA_LAB="1", FABRIKA_BENCH_TASKS_DB="1", FABRIKA_LOG_LEVEL="WARNING"
+    )
+    from bench._setup import setup_django
+
+    setup_django(args.postgres, lab=True)
+    out(f"PostgreSQL {args.postgres.rsplit('/', 1)[0]}, one run; CPU count {os.cpu_count()}")
+    rates = _enqueue_rates(args.enqueues)
+    drains = {way: _drain(way, args.drain) for way in ("fabrika", "db")}
+    latencies = {way: _latency(way, args.latency) for way in ("fabrika", "db")}
+    _report(rates, drains, latencies)
+    return 0
+
+
+def _fresh_database(url: str) -> None:
+    import psycopg
+
+    base, name = url.rsplit("/", 1)
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+# -- 1. enqueue ---------------------------------------------------------------------------------------------
+
+
+def _enqueue_rates(count: int) -> dict[str, float]:
+    from fabrika_django import kick
+    from testproject.lab.models import Item
+    from testproject.lab.tasks import noop
+
+    on_db = noop.using(backend="db")
+    ways = {
+        "fabrika task": noop.enqueue,
+        "queue row + kick()": lambda: (Item.objects.create(), kick("lab_items")),
+        "django-tasks-db task": on_db.enqueue,
+    }
+    for call in ways.values():  # warm up connections, prepared statements, imports
+        for _ in range(50):
+            call()
+    seen: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(ROUNDS):
+        for name, call in ways.items():
+            began = time.perf_counter()
+            for _ in range(count):
+                call()
+            seen[name].append(count / (time.perf_counter() - began))
+    _clear_tables()
+    return {name: statistics.median(rates) for name, rates in seen.items()}
+
+
+def _clear_tables() -> None:
+    from django.db import connection
+    from django_tasks_db.models import DBTaskResult
+
+    from fabrika_django.models import Job, QueuedTask
+    from testproject.lab.models import Item
+
+    tables = ", ".join(connection.ops.quote_name(model._meta.db_table) for model in (QueuedTask, DBTaskResult, Item))
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {tables}")
+    Job.objects.update(pending_since=None)
+
+
+# -- 2. drain -----------------------------------------------------------------------------------------------
+
+
+def _drain(way: str, count: int) -> float:
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from fabrika_django import kick
+    from fabrika_django.models import QueuedTask
+
+    path = "testproject.lab.tasks.noop"
+    before = timezone.now() - timedelta(seconds=1)
+    if way == "fabrika":
+        QueuedTask.objects.bulk_create(
+            [QueuedTask(task_path=path, backend="default", queue_name="default", due=before) for _ in range(count)],
+            batch_size=2000,
+        )
+        _analyze(QueuedTask)
+        worker = _start("fabrika_job", "worker", "--only", "tasks.default.default")
+        try:
+            _wait_for_output(worker, "Worker started")
+            kick("tasks.default.default")
+            _wait(lambda: not QueuedTask.objects.filter(status__in=["READY", "RUNNING"]).exists(), 600)
+        finally:
+            worker.kill()
+            worker.wait()
+        done = QueuedTask.objects.filter(status="SUCCESSFUL")
+    else:
+        DBTaskResult.objects.bulk_create(
+            [
+                DBTaskResult(
+                    task_path=path,
+                    backend_name="db",
+                    queue_name="default",
+                    args_kwargs={"args": [], "kwargs": {}},
+                    run_after=before,
+                )
+                for _ in range(count)
+            ],
+            batch_size=2000,
+        )
+        _analyze(DBTaskResult)
+        worker = _start("db_worker", "--batch", "--interval", "0", "--no-startup-delay", "--backend", "db")
+        worker.wait(2400)
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL")
+    assert done.count() == count, f"{way}: {done.count()} of {count} tasks succeeded"
+    first = min(done.values_list("started_at", flat=True))
+    last = max(done.values_list("finished_at", flat=True))
+    _clear_tables()
+    return count / (last - first).total_seconds()
+
+
+def _analyze(model) -> None:
+    """Give the planner the table's new size, as autovacuum soon would: else a claim sorts the whole table."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
+
+
+# -- 3. latency ---------------------------------------------------------------------------------------------
+
+
+def _latency(way: str, count: int) -> list[float]:
+    from django_tasks_db.models import DBTaskResult
+
+    from fabrika_django.models import QueuedTask
+    from testproject.lab.tasks import noop
+
+    if way == "fabrika":
+        worker = _start("fabrika_job", "worker", "--only", "tasks.default.default")
+        _wait_for_output(worker, "Worker started")
+        task, rows, key = noop, QueuedTask.objects, "result_id"
+    else:
+        worker = _start("db_worker", "--interval", "0.1", "--no-startup-delay", "--backend", "db")
+        _wait_for_output(worker, "Starting worker")
+        task, rows, key = noop.using(backend="db"), DBTaskResult.objects, "id"
+    seen = []
+    try:
+        for n in range(count + 10):
+            time.sleep(random.uniform(0, 0.02))
+            began = time.time()
+            result = task.enqueue()
+            started = _wait(
+                lambda result=result: (
+                    rows.filter(**{key: result.id}, status="SUCCESSFUL").values_list("started_at", flat=True).first()
+                ),
+                30,
+            )
+            if n >= 10:  # the first ones warm the worker's connections up
+                seen.append(started.timestamp() - began)
+    finally:
+        worker.kill()
+        worker.wait()
+    _clear_tables()
+    return seen
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+def _start(*command: str) -> subprocess.Popen[bytes]:
+    """Start ``manage.py COMMAND`` with its output in a file (a full pipe would stall it)."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="fabrika-bench-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=ROOT,
+        env=dict(os.environ, DEBUG="0", FABRIKA_LOG_LEVEL="INFO"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    process.log_name = log.name  # type: ignore[attr-defined]
+    return process
+
+
+def _wait_for_output(process: subprocess.Popen[bytes], text: str) -> None:
+    def said() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker ended before saying {text!r}")
+        return text in Path(process.log_name).read_text()  # type: ignore[attr-defined]
+
+    _wait(said, 60)
+
+
+def _wait(predicate, timeout: float):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("the bench waited too long")
+        time.sleep(0.005)  # a poll often takes CPU from the worker on a small machine
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _report(rates: dict[str, float], drains: dict[str, float], latencies: dict[str, list[float]]) -> None:
+    theirs = rates["django-tasks-db task"]
+    out()
+    out("enqueue, one at a time (median of 3 rounds)")
+    for name, rate in rates.items():
+        out(f"  {name:<22} {rate:8.0f} /s   {rate / theirs:5.2f}x django-tasks-db   (target >= 0.90x)")
+    out("drain, one worker")
+    ratio = drains["fabrika"] / drains["db"]
+    out(f"  fabrika                {drains['fabrika']:8.0f} /s   {ratio:5.2f}x django-tasks-db   (target >= 5x)")
+    out(f"  django-tasks-db        {drains['db']:8.0f} /s")
+    out("enqueue-to-start latency, idle worker (ms)")
+    for way, title in (("fabrika", "fabrika (LISTEN)"), ("db", "django-tasks-db (0.1 s poll)")):
+        values = latencies[way]
+        p50, p95, p99 = (_percentile(values, f) * 1000 for f in (0.5, 0.95, 0.99))
+        out(f"  {title:<28} p50 {p50:6.1f}  p95 {p95:6.1f}  p99 {p99:6.1f}   (fabrika target p50 <= 3, p99 <= 12)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

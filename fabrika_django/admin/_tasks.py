@@ -1,0 +1,110 @@
+"""The tasks page: Django tasks (``fabrika_django.tasks.FabrikaBackend``), their status, and requeue for failed ones.
+
+The list shows where each task is, never what it was called with: args and the return value (which can hold a
+person's data) are on a task's own page only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from ..models import QueuedTask, TaskStatus
+from ._queues import QueueModelAdminMixin, StateListFilter
+
+
+class _FunctionFilter(admin.SimpleListFilter):
+    """Filter by the task's function (its dotted path), among those the table holds."""
+
+    title = _("function")
+    parameter_name = "function"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        paths = QueuedTask.objects.order_by("task_path").values_list("task_path", flat=True).distinct()[:200]
+        return [(path, path) for path in paths]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        return queryset.filter(task_path=self.value()) if self.value() else queryset
+
+
+@admin.register(QueuedTask)
+class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Tasks: read-only; "Requeue" makes a FAILED task READY with no attempts and kicks its queue's job."""
+
+    list_display = (
+        "task_path",
+        "status",
+        "queue_name",
+        "priority",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "tries",
+    )
+    # The queue's state filter too: the overview's counts link to it.
+    list_filter = ("status", "queue_name", _FunctionFilter, "backend", StateListFilter)
+    list_per_page = 50
+    search_fields = ("=result_id",)
+    date_hierarchy = "enqueued_at"
+    fieldsets = (
+        (None, {"fields": ("result_id", "task_path", "backend", "queue_name", "priority", "status", "tries")}),
+        (_("Times"), {"fields": ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")}),
+        (_("Call and result"), {"fields": ("args", "kwargs", "return_value", "errors", "worker_ids")}),
+        (_("Queue"), {"fields": ("attempts", "due", "version", "last_failure")}),
+    )
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return self.list_display  # status, not the queue's state column: a task speaks Django's words
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        return self.list_filter
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [name for _title, options in self.fieldsets for name in options["fields"]]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a task is enqueued by code, with @task's validation
+
+    @admin.display(description=_("attempts"))
+    def tries(self, row: QueuedTask) -> int:
+        return len(row.worker_ids)  # Django's TaskResult.attempts; the queue's own column jumps when given up
+
+    @admin.action(description=_("Requeue selected failed tasks"), permissions=["change"])
+    def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Requeue the FAILED tasks among those selected; leave the others as they are."""
+        failed = queryset.filter(status=TaskStatus.FAILED)
+        others = queryset.count() - failed.count()
+        super().requeue_selected(request, failed)
+        if others:
+            self.message_user(
+                request,
+                ngettext(
+                    "Left %(count)d task that has not failed.", "Left %(count)d tasks that have not failed.", others
+                )
+                % {"count": others},
+                messages.INFO,
+            )
+
+    def _requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        # Only a failed task; everything else (POST only, permission first, a missing row) as for any queue row.
+        if request.method == "POST" and self.has_change_permission(request):
+            row = self.get_object(request, unquote(object_id))
+            if row is not None and row.status != TaskStatus.FAILED:
+                self.message_user(request, _("Only a failed task can be requeued."), messages.WARNING)
+                opts = self.model._meta
+                page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
+                return HttpResponseRedirect(page)
+        return super()._requeue_view(request, object_id)
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        response = super().render_change_form(request, context, *args, **kwargs)
+        row = kwargs.get("obj") or context.get("original")
+        if row is not None and row.status != TaskStatus.FAILED:
+            response.context_data["fabrika_requeue_url"] = None  # the button is for failed tasks only
+        return response

@@ -1,0 +1,209 @@
+"""``FabrikaBackend``: Django's Tasks framework (``django.tasks``; the backport on Django 5.2) on fabrika's worker.
+
+``enqueue()`` inserts one row into fabrika's own queue table of tasks (``QueuedTask``) in the caller's
+transaction and kicks that queue's job once it commits: a rollback enqueues nothing, a commit starts the task
+within milliseconds on a listening worker. Each (backend alias, queue) is served by a built-in kick-only job,
+``tasks.<alias>.<queue>``, whose one-minute schedule is the recovery (and the backoff's period).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import socket
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from ._task_runs import result_of, serve_queue
+from ._tasks_compat import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    normalize_json,
+    task_enqueued,
+)
+from .jobs import MAX_TIMEOUT, cron, task_job_name
+from .kicks import kick
+
+#: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
+SWEEP_SCHEDULE = "* * * * *"
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_TIMEOUT = timedelta(minutes=15)
+#: A task's time is at least its timeout: the job's attempt gets twice that and starts no task in its second half.
+MAX_TASK_TIMEOUT = MAX_TIMEOUT / 2
+MAX_LANES = 64
+_OPTIONS = ("max_attempts", "timeout", "lanes")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_MAX_JOB_NAME = 100
+
+
+class FabrikaBackend(BaseTaskBackend):
+    """Run ``@task`` functions on fabrika's worker: transactional enqueue, leases, retries, admin.
+
+    ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
+    least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1).
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.max_attempts, self.timeout, self.lanes = _read_options(alias, self.options)
+        if not self.queues:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['QUEUES'] is empty: name the queues this backend serves, e.g. ['default']."
+            )
+        for queue in self.queues:
+            _check_queue_name(alias, queue)
+        #: Recorded in each task's worker_ids: this host and process.
+        self.worker_id = f"{socket.gethostname()[:40]}:{os.getpid()}"
+        self._register_jobs()
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the task's row in the current transaction and kick its queue's job when that commits."""
+        from .models import QueuedTask
+
+        self.validate_task(task)
+        now = timezone.now()
+        row = QueuedTask.objects.create(
+            task_path=task.module_path,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            args=normalize_json(args),  # a value that is not JSON raises here, before anything is written
+            kwargs=normalize_json(kwargs),
+            run_after=task.run_after,
+            due=task.run_after or now,
+            enqueued_at=now,
+        )
+        kick(task_job_name(self.alias, task.queue_name), using=row._state.db)
+        result = result_of(row, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """Read the task's row; raise ``TaskResultDoesNotExist`` for an id no task has."""
+        from .models import QueuedTask
+
+        try:
+            return result_of(QueuedTask.objects.get(result_id=_parse_id(result_id), backend=self.alias))
+        except QueuedTask.DoesNotExist:
+            raise TaskResultDoesNotExist(result_id) from None
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        """See ``get_result()``."""
+        from .models import QueuedTask
+
+        try:
+            row = await QueuedTask.objects.aget(result_id=_parse_id(result_id), backend=self.alias)
+        except QueuedTask.DoesNotExist:
+            raise TaskResultDoesNotExist(result_id) from None
+        return result_of(row)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report a backend whose tables cannot exist: fabrika_django missing from INSTALLED_APPS."""
+        if apps.is_installed("fabrika_django"):
+            return []
+        return [
+            checks.Error(
+                f"TASKS[{self.alias!r}] is a FabrikaBackend, but fabrika_django is not installed.",
+                hint="Add 'fabrika_django' to INSTALLED_APPS and run migrate.",
+                id="fabrika.E040",
+            )
+        ]
+
+    def _register_jobs(self) -> None:
+        """Register (again, after a settings change) the built-in job of each of this backend's queues."""
+        options: dict[str, Any] = {"timeout": min(2 * self.timeout, MAX_TIMEOUT)}
+        if "lanes" in inspect.signature(cron).parameters:  # lanes arrive with issue 11
+            options["lanes"] = self.lanes
+        for queue in sorted(self.queues):
+            cron(SWEEP_SCHEDULE, name=task_job_name(self.alias, queue), **options)(_handler(self.alias, queue))
+
+
+def _handler(alias: str, queue: str) -> Any:
+    """Return the function of one queue's job (defined in this module, so registering it again replaces it)."""
+
+    def serve_tasks(ctx: Any) -> None:
+        serve_queue(ctx, alias, queue)
+
+    return serve_tasks
+
+
+def _parse_id(result_id: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(result_id))
+    except ValueError:
+        raise TaskResultDoesNotExist(result_id) from None
+
+
+def _read_options(alias: str, options: dict[str, Any]) -> tuple[int, timedelta, int]:
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {', '.join(map(repr, unknown))}: "
+            f"FabrikaBackend takes {', '.join(_OPTIONS)}."
+        )
+    max_attempts = options.get("max_attempts", DEFAULT_MAX_ATTEMPTS)
+    if not _whole(max_attempts) or not 1 <= max_attempts <= 100:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS']['max_attempts']={max_attempts!r} is out of bounds: "
+            "give a whole number from 1 to 100."
+        )
+    timeout = options.get("timeout", DEFAULT_TIMEOUT)
+    if _whole(timeout) or isinstance(timeout, float):
+        timeout = timedelta(seconds=timeout)
+    if not isinstance(timeout, timedelta) or not timedelta(seconds=1) <= timeout <= MAX_TASK_TIMEOUT:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS']['timeout']={options.get('timeout')!r} is out of bounds: "
+            "give seconds (or a timedelta) from 1 second to 12 hours."
+        )
+    lanes = options.get("lanes", 1)
+    if not _whole(lanes) or not 1 <= lanes <= MAX_LANES:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS']['lanes']={lanes!r} is out of bounds: give a whole number from 1 to 64."
+        )
+    return max_attempts, timeout, lanes
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_queue_name(alias: str, queue: object) -> None:
+    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue) or len(task_job_name(alias, queue)) > _MAX_JOB_NAME:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['QUEUES'] holds {queue!r}, which cannot name a job: use letters, digits, "
+            f"'_', '.' or '-' (the job 'tasks.{alias}.<queue>' has at most {_MAX_JOB_NAME} characters)."
+        )
+
+
+def register_configured_backends() -> None:
+    """Make the backends in ``settings.TASKS`` that are fabrika's, so their jobs are registered at start-up."""
+    from django.conf import settings
+
+    from ._tasks_compat import task_backends
+
+    for alias, params in getattr(settings, "TASKS", {}).items():
+        backend = params.get("BACKEND", "") if isinstance(params, dict) else ""
+        try:
+            backend_class = import_string(backend)
+        except ImportError:
+            continue  # Django's own check reports it
+        if isinstance(backend_class, type) and issubclass(backend_class, FabrikaBackend):
+            task_backends[alias]  # noqa: B018  made once: its __init__ registers the jobs
+
+
+__all__ = ["FabrikaBackend"]
