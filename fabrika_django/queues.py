@@ -213,8 +213,10 @@ def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRu
         due_sql = f"CASE {attempts_c}{' WHEN %s THEN %s' * len(due_by_attempts)} END"
         params = [value for attempts, due in due_by_attempts.items() for value in (attempts, prepare(due, connection))]
     in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, [row.pk for row in rows]))
+    # due first: MySQL and MariaDB evaluate a single-table UPDATE's assignments left to right, each seeing the
+    # ones before it, so a CASE on attempts placed after "attempts = attempts + 1" would match no WHEN.
     sql = (
-        f"UPDATE {table} SET {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1, {due_c} = {due_sql} "  # noqa: S608
+        f"UPDATE {table} SET {due_c} = {due_sql}, {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1 "  # noqa: S608
         f"WHERE {in_sql}"
     )
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
