@@ -6,17 +6,30 @@ from fabrika_django.jobs import CronJob
 from fabrika_django.schedule import Schedule
 
 
-def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``postgresql`` on any other database, saying why."""
-    from django.conf import settings
+# What each marker needs, the vendors that have it, and the reason a test is skipped elsewhere.
+_NEEDS = {
+    "postgresql": ({"postgresql"}, "needs PostgreSQL: set DATABASE_URL=postgres://... (bin/test does)"),
+    "row_locks": (
+        {"postgresql", "mysql"},
+        "needs row locks and SKIP LOCKED (PostgreSQL, MariaDB, MySQL): SQLite locks the whole database",
+    ),
+    "listen_notify": (
+        {"postgresql"},
+        "needs LISTEN/NOTIFY (PostgreSQL): workers on this database poll, as test_worker.py's polling tests check",
+    ),
+}
 
-    engine = settings.DATABASES["default"]["ENGINE"]
-    if "postgresql" in engine:
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://... (bin/test does)")
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``postgresql``, ``row_locks`` or ``listen_notify`` where the database lacks it."""
+    from django.db import connections
+
+    vendor = connections["default"].vendor
     for item in items:
-        if "postgresql" in item.keywords:
-            item.add_marker(skip)
+        for marker, (vendors, reason) in _NEEDS.items():
+            if marker in item.keywords and vendor not in vendors:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 def make_job(name="test_job", schedule="*/5 * * * *", **options):

@@ -307,7 +307,7 @@ def test_an_unknown_outcome_over_a_deduplicating_transport_may_be_retried():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 def test_two_tries_racing_on_one_key_send_once_and_the_other_is_told_unknown_or_the_acceptance():
     with SMTPServer() as smtp, override_settings(**smtp.settings):
         original = smtp.handler.handle_DATA

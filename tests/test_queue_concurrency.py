@@ -14,6 +14,7 @@ from fabrika_django._running import ActiveRun, running
 from testproject.lab.models import Item
 
 from .conftest import make_job
+from .locks import LOCK_TIMEOUT, failing_lock_waits
 
 NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
@@ -52,7 +53,7 @@ def _claim_in_threads(threads, limit):
     return claims
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_eight_concurrent_claimers_claim_every_row_exactly_once():
     pks = _due_items(3000)
@@ -65,31 +66,27 @@ def test_eight_concurrent_claimers_claim_every_row_exactly_once():
     assert set(Item.objects.values_list("attempts", "version", "due")) == {(1, 1, NOON + timedelta(minutes=5))}
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_claim_skips_a_row_held_for_update_by_another_transaction_and_does_not_wait(job_run):
     held, second, third = _due_items(3)
     other = connections.create_connection("default")
     try:
+        other.set_autocommit(False)
         with other.cursor() as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute("SELECT id FROM lab_item WHERE id = %s FOR UPDATE", [held])
+            cursor.execute(f"SELECT id FROM {Item._meta.db_table} WHERE id = %s FOR UPDATE", [held])
         # From here, waiting for a lock is an error on this connection, not a delay.
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '50ms'")
-        with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
-            list(Item.objects.select_for_update().filter(pk=held))  # the control: a locking read would wait
+        with failing_lock_waits():
+            with pytest.raises(OperationalError, match=LOCK_TIMEOUT), transaction.atomic():
+                list(Item.objects.select_for_update().filter(pk=held))  # the control: a locking read would wait
 
-        with job_run(now=NOON):
-            claimed = Item.objects.claim(limit=2)
+            with job_run(now=NOON):
+                claimed = Item.objects.claim(limit=2)
 
         assert [row.pk for row in claimed] == [second, third]
         assert Item.objects.get(pk=held).attempts == 0
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
-        with other.cursor() as cursor:
-            cursor.execute("ROLLBACK")
+        other.rollback()
         other.close()
 
     with job_run(now=NOON):

@@ -324,7 +324,7 @@ def test_a_worker_serving_a_kick_that_a_run_already_served_starts_nothing():
     assert lease is not None and Job.objects.get(name=job.name).pending_since is None
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_runs_and_kicks_of_one_job_from_many_threads_never_deadlock():
     """The one-statement start, the locked start and the end all take the Job row before the Lease row.
