@@ -17,7 +17,8 @@ class LeaseFence:
 
     At begin it locks the lease row against takeover inside the transaction: PostgreSQL ``FOR KEY SHARE``
     (a takeover changes the unique ``token`` and so needs ``FOR UPDATE``, which waits; a renewal changes
-    only ``expires`` and does not), SQLite the database write lock, other backends ``FOR UPDATE``. Before
+    only ``expires`` and does not), MariaDB/MySQL a shared lock on the token's unique index entry (the same
+    split), SQLite the database write lock, other backends ``FOR UPDATE``. Before
     commit it checks locally, without a round trip: the signal (deadline, lost lease, shutdown) and the
     time the last renewal is known to cover.
     """
@@ -55,6 +56,15 @@ class LeaseFence:
                 held = cursor.rowcount == 1
             elif connection.vendor == "postgresql":
                 held = _begin_with(connection, cursor, sql, [self.job_name, token])
+            elif connection.vendor == "mysql":
+                # InnoDB's equivalent of FOR KEY SHARE: a shared lock read through the unique token index alone
+                # (the index covers the query, so the table's row is not locked). A takeover or release changes
+                # the token and must lock that index entry, so it waits; a renewal changes only expires and
+                # never touches the index, so it does not. A locking read is a current read at any isolation.
+                sql = f"SELECT job FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
+                cursor.execute(sql, [token])
+                found = cursor.fetchone()
+                held = found is not None and found[0] == self.job_name
             else:
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.fetchone() is not None
