@@ -5,10 +5,10 @@ from fabrika_django._running import ActiveRun, running
 from fabrika_django.jobs import CronJob
 from fabrika_django.schedule import Schedule
 
-
 # What each marker needs, the vendors that have it, and the reason a test is skipped elsewhere.
 _NEEDS = {
     "postgresql": ({"postgresql"}, "needs PostgreSQL: set DATABASE_URL=postgres://... (bin/test does)"),
+    "mysql": ({"mysql"}, "needs MariaDB or MySQL: set DATABASE_URL=mysql://... (bin/test does)"),
     "row_locks": (
         {"postgresql", "mysql"},
         "needs row locks and SKIP LOCKED (PostgreSQL, MariaDB, MySQL): SQLite locks the whole database",
@@ -21,7 +21,7 @@ _NEEDS = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``postgresql``, ``row_locks`` or ``listen_notify`` where the database lacks it."""
+    """Skip the tests marked with a database or a feature (``_NEEDS``) where the database lacks it."""
     from django.db import connections
 
     vendor = connections["default"].vendor

@@ -1,7 +1,7 @@
 """claim() under concurrency: real threads, each with its own database connection.
 
-On PostgreSQL, rows another transaction holds are skipped, never waited for; on SQLite (no row locks) the
-claim takes the database write lock first, so two claimers never read the same rows.
+On PostgreSQL and MariaDB/MySQL, rows another transaction holds are skipped, never waited for; on SQLite (no
+row locks) the claim takes the database write lock first, so two claimers never read the same rows.
 """
 
 import threading
@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
+from fabrika_django import queues
 from fabrika_django._running import ActiveRun, running
 from testproject.lab.models import Item
 
@@ -23,6 +25,15 @@ def _due_items(count):
     """``count`` due rows, oldest first by pk, made in one statement."""
     Item.objects.bulk_create([Item(n=i, due=NOON - timedelta(seconds=count - i)) for i in range(count)])
     return list(Item.objects.order_by("pk").values_list("pk", flat=True))
+
+
+def _analyze():
+    """Refresh the table's statistics, as a running database would have them."""
+    table = connection.ops.quote_name(Item._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE TABLE {table}" if connection.vendor == "mysql" else f"ANALYZE {table}")
+        if connection.vendor == "mysql":
+            cursor.fetchall()  # it answers a status row
 
 
 def _claim_in_threads(threads, limit):
@@ -66,6 +77,58 @@ def test_eight_concurrent_claimers_claim_every_row_exactly_once():
     assert set(Item.objects.values_list("attempts", "version", "due")) == {(1, 1, NOON + timedelta(minutes=5))}
 
 
+@pytest.fixture
+def effects():
+    """A table with one row per effect, its key the item's: a row finished twice would break the key."""
+    table = connection.ops.quote_name("test_item_effect")
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {table} (item_id BIGINT NOT NULL PRIMARY KEY, claimer INTEGER NOT NULL)")
+    try:
+        yield table
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE {table}")
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_claim_and_finish_five_thousand_rows_each_exactly_once(effects):
+    _due_items(5000)
+    job = make_job(schedule="*/5 * * * *")
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def claimer(number):
+        try:
+            start.wait(timeout=30)
+            with running(ActiveRun(job=job, clock=lambda: NOON)):
+                while rows := Item.objects.claim(limit=50):
+                    for row in rows:
+                        with transaction.atomic(), connection.cursor() as cursor:
+                            effect = f"INSERT INTO {effects} (item_id, claimer) VALUES (%s, %s)"
+                            cursor.execute(effect, [row.pk, number])
+                            row.finish(writes=1)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(number,)) for number in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert errors == []  # an IntegrityError here: a row's effect twice; a VersionConflict: a row claimed twice
+    assert not any(thread.is_alive() for thread in threads)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(DISTINCT claimer) FROM {effects}")
+        effect_rows, claimers = cursor.fetchone()
+    assert effect_rows == 5000
+    assert claimers > 1  # they did run at once
+    assert not Item.objects.waiting().exists()
+    assert set(Item.objects.values_list("attempts", "version", "writes", "due")) == {(1, 2, 1, None)}
+
+
 @pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_claim_skips_a_row_held_for_update_by_another_transaction_and_does_not_wait(job_run):
@@ -102,3 +165,65 @@ def test_two_threads_claiming_at_once_never_get_the_same_row():
     assert set(first).isdisjoint(second)
     assert sorted(first + second) == pks
     assert set(Item.objects.values_list("attempts", "version")) == {(1, 1)}
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("backlog", [False, True], ids=["mostly-done", "mostly-due"])
+def test_on_mariadb_claim_reads_the_due_index_in_order_without_sorting(job_run, backlog):
+    """InnoDB locks every row it reads: a claim that scanned the table would lock (and make others skip) it all."""
+    Item.objects.bulk_create(
+        [Item(n=i, due=NOON - timedelta(seconds=i) if backlog or i % 20 == 0 else None) for i in range(4000)]
+    )
+    _analyze()
+    with job_run(now=NOON), CaptureQueriesContext(connection) as queries:
+        assert len(Item.objects.claim(limit=50)) == 50
+    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    assert select.endswith("FOR UPDATE SKIP LOCKED")
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {select}")
+        columns = [column[0] for column in cursor.description]
+        (plan,) = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    index = next(index.name for index in Item._meta.indexes if index.fields == ["due", "id"])
+    assert (plan["type"], plan["key"]) == ("range", index)
+    assert "filesort" not in (plan["Extra"] or "")
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_in_progress_on_a_backlog_leaves_the_rest_of_the_backlog_to_another_claimer(monkeypatch):
+    """Locks only what it takes: on InnoDB a table scan and sort would lock every due row until it commits."""
+    pks = _due_items(2000)
+    _analyze()  # the optimizer knows most of the table is due
+
+    locked, release = threading.Event(), threading.Event()
+    lease = queues._lease
+
+    def paused_lease(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            locked.set()  # the first claimer holds its rows' locks here, inside its transaction
+            release.wait(30)
+        return lease(*args, **kwargs)
+
+    monkeypatch.setattr(queues, "_lease", paused_lease)
+    job = make_job(schedule="*/5 * * * *")
+    first: list[int] = []
+
+    def first_claimer():
+        try:
+            with running(ActiveRun(job=job, clock=lambda: NOON)):
+                first.extend(row.pk for row in Item.objects.claim(limit=50))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_claimer)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        with running(ActiveRun(job=job, clock=lambda: NOON)):
+            second = [row.pk for row in Item.objects.claim(limit=50)]
+    finally:
+        release.set()
+        thread.join(30)
+    assert first == pks[:50]
+    assert second == pks[50:100]
