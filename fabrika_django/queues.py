@@ -303,10 +303,20 @@ def _update_versioned(model: type[models.Model], using: str, rows: list[Any], va
             with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
                 cursor.execute(f"{sql} RETURNING {pk_column}", params)
                 return {row[0] for row in cursor.fetchall()}
+    # No UPDATE ... RETURNING (MariaDB, MySQL): lock the unchanged rows, then write exactly those, in one
+    # transaction. Reading which rows changed after the UPDATE instead would be wrong: a row another writer
+    # moved to the version this UPDATE writes would look written.
     with transaction.atomic(using=using):
         locked = _locked_for_update(matching, connection)
         pks = list(locked.values_list("pk", flat=True))
-        if pks:
+        if pks and assigned is not None:
+            parts, params = assigned
+            table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+            in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, pks))
+            sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = {version_c} + 1 WHERE {in_sql}"  # noqa: S608
+            with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+                cursor.execute(sql, [*params, *in_params])
+        elif pks:
             model._base_manager.using(using).filter(pk__in=pks).update(**values)
     return set(_db_pks(model, connection, pks))
 
