@@ -4,6 +4,7 @@ On PostgreSQL and MariaDB/MySQL, rows another transaction holds are skipped, nev
 row locks) the claim takes the database write lock first, so two claimers never read the same rows.
 """
 
+import contextlib
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -196,34 +197,66 @@ def test_a_claim_in_progress_on_a_backlog_leaves_the_rest_of_the_backlog_to_anot
     pks = _due_items(2000)
     _analyze()  # the optimizer knows most of the table is due
 
+    with _claim_paused_in_a_thread(monkeypatch) as first:
+        with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+            second = [row.pk for row in Item.objects.claim(limit=50)]
+    assert first == pks[:50]
+    assert second == pks[50:100]
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_at_read_committed_a_row_added_among_the_rows_a_claim_holds_does_not_wait_for_it(monkeypatch, isolation):
+    """Why fabrika needs READ COMMITTED on MariaDB/MySQL (check fabrika.W040): at REPEATABLE READ the claim's
+    locking read also locks the gaps between the rows it walks, and a request adding a row there waits."""
+    _due_items(200)
+    with _claim_paused_in_a_thread(monkeypatch, isolation=isolation) as first:
+        among = Item.objects.filter(pk=first[10]).values_list("due", flat=True).get() + timedelta(microseconds=1)
+        with failing_lock_waits():
+            if isolation == "read committed":
+                Item.objects.create(n=9999, due=among)
+            else:
+                with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
+                    Item.objects.create(n=9999, due=among)
+
+
+@contextlib.contextmanager
+def _claim_paused_in_a_thread(monkeypatch, *, isolation=None):
+    """Claim 50 rows in a thread and hold the claim's transaction open (its rows locked) for the block.
+
+    Answers the list of the claimed pks, filled when the block begins.
+    """
     locked, release = threading.Event(), threading.Event()
     lease = queues._lease
+    claimer_thread = []
 
-    def paused_lease(*args, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
-            locked.set()  # the first claimer holds its rows' locks here, inside its transaction
+    def paused_lease(model, using, rows, *args, **kwargs):
+        if threading.current_thread() in claimer_thread:
+            claimed.extend(row.pk for row in rows)
+            locked.set()  # the claimer holds its rows' locks here, inside its transaction
             release.wait(30)
-        return lease(*args, **kwargs)
+        return lease(model, using, rows, *args, **kwargs)
 
     monkeypatch.setattr(queues, "_lease", paused_lease)
-    job = make_job(schedule="*/5 * * * *")
-    first: list[int] = []
+    claimed: list[int] = []
 
-    def first_claimer():
+    def claimer():
         try:
-            with running(ActiveRun(job=job, clock=lambda: NOON)):
-                first.extend(row.pk for row in Item.objects.claim(limit=50))
+            if isolation is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation.upper()}")
+            with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+                Item.objects.claim(limit=50)
         finally:
             connection.close()
 
-    thread = threading.Thread(target=first_claimer)
+    thread = threading.Thread(target=claimer)
+    claimer_thread.append(thread)
     thread.start()
     try:
         assert locked.wait(30)
-        with running(ActiveRun(job=job, clock=lambda: NOON)):
-            second = [row.pk for row in Item.objects.claim(limit=50)]
+        yield claimed
     finally:
         release.set()
         thread.join(30)
-    assert first == pks[:50]
-    assert second == pks[50:100]
