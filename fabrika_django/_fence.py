@@ -57,14 +57,9 @@ class LeaseFence:
             elif connection.vendor == "postgresql":
                 held = _begin_with(connection, cursor, sql, [self.job_name, token])
             elif connection.vendor == "mysql":
-                # InnoDB's equivalent of FOR KEY SHARE: a shared lock read through the unique token index alone
-                # (the index covers the query, so the table's row is not locked). A takeover or release changes
-                # the token and must lock that index entry, so it waits; a renewal changes only expires and
-                # never touches the index, so it does not. A locking read is a current read at any isolation.
-                sql = f"SELECT job FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
-                cursor.execute(sql, [token])
+                cursor.execute(sql, [self.job_name, token])  # answers whether the token's row is the job's
                 found = cursor.fetchone()
-                held = found is not None and found[0] == self.job_name
+                held = found is not None and bool(found[0])
             else:
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.fetchone() is not None
