@@ -1,11 +1,13 @@
-"""Benchmark claim and finish on PostgreSQL against pgbench doing the same SQL: ``python -m bench.claim``.
+"""Benchmark claim and finish against each database's own limit: ``python -m bench.claim``.
 
 Patterns, each from a freshly filled table of ``--rows`` due rows (see bench/README.md):
   per_row  the seed's recipe: claim 50, finish each row in its own transaction
   batch    claim 500, finish them all in one transaction (finish_all: one UPDATE)
-Each is measured four ways: "pgbench" (the same SQL from C, the database's own limit), "direct" (our
+On PostgreSQL each is measured four ways: "pgbench" (the same SQL from C, the database's own limit), "direct" (our
 claim/finish inside an active run, a plain transaction.atomic() per finish), and "job" (a registered
 @cron job run by fabrika_django.runner.run, finishing inside the lease-fenced ctx.transaction()).
+On MariaDB (``--mariadb-url``) three: "mysqlclient" (the same SQL from the plain C-backed driver: the limit),
+"direct" and "job".
 Every Python measurement runs in a child process of its own, so its peak RSS is its own.
 """
 
@@ -23,7 +25,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench"
+DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/fabrika_bench_claim"
 WAYS = ("pgbench", "psycopg", "direct", "job")
+MARIADB_WAYS = ("mysqlclient", "direct", "job")
 PATTERNS = {"per_row": 50, "batch": 500}  # claim limit of each pattern
 TABLE = "lab_item"
 MAX_ATTEMPTS = 10  # lab.Item declares no Queue options
@@ -164,6 +168,84 @@ def _child_psycopg(pattern: str, drain: int, url: str) -> dict:
     return {"rows": done, "elapsed": time.perf_counter() - started, "batches": batches, "finishes": finishes}
 
 
+def _mysql_connect(url: str, *, database: bool = True):
+    from urllib.parse import urlsplit
+
+    import MySQLdb
+
+    parts = urlsplit(url)
+    options = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 3306, "user": parts.username or "root"}
+    options["password"] = parts.password or ""
+    if database:
+        options["database"] = parts.path.lstrip("/")
+    return MySQLdb.connect(**options)
+
+
+def _child_mysqlclient(pattern: str, drain: int, url: str) -> dict:
+    """Our statements on MariaDB from plain mysqlclient, at Django's isolation level: the database's limit."""
+    conn = _mysql_connect(url)
+    cursor = conn.cursor()
+    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")  # Django's on MySQL
+    conn.autocommit(False)
+    index = _mariadb_due_index(cursor)
+    limit = PATTERNS[pattern]
+    claim_sql = (
+        f"SELECT id, n, writes, attempts, version, last_failure FROM {TABLE} FORCE INDEX (`{index}`) "
+        f"WHERE due IS NOT NULL AND attempts < {MAX_ATTEMPTS} AND due <= %s ORDER BY due, id LIMIT %s "
+        "FOR UPDATE SKIP LOCKED"
+    )
+
+    def listed(ids):
+        return ", ".join(["%s"] * len(ids))
+
+    batches, finishes, done = [], [], 0
+    started = time.perf_counter()
+    while done < drain:
+        t0 = time.perf_counter()
+        now = datetime.now(UTC).replace(tzinfo=None)  # Django keeps UTC without a zone on MySQL
+        cursor.execute(claim_sql, [now, min(limit, drain - done)])
+        rows = cursor.fetchall()
+        ids = [row[0] for row in rows]
+        cursor.execute(
+            f"UPDATE {TABLE} SET due = %s, attempts = attempts + 1, version = version + 1 WHERE id IN ({listed(ids)})",
+            [now + timedelta(minutes=5), *ids],
+        )
+        conn.commit()
+        if pattern == "per_row":
+            for row in rows:
+                t1 = time.perf_counter()
+                cursor.execute(
+                    f"UPDATE {TABLE} SET writes = %s, due = %s, version = %s WHERE id = %s AND version = %s",
+                    [1, None, row[4] + 2, row[0], row[4] + 1],
+                )
+                conn.commit()
+                finishes.append(time.perf_counter() - t1)
+        else:
+            t1 = time.perf_counter()
+            lock_sql = f"SELECT id FROM {TABLE} WHERE version = %s AND id IN ({listed(ids)}) FOR UPDATE"
+            cursor.execute(lock_sql, [rows[0][4] + 1, *ids])
+            locked = [row[0] for row in cursor.fetchall()]
+            cursor.execute(
+                f"UPDATE {TABLE} SET writes = %s, due = %s, version = version + 1 WHERE id IN ({listed(locked)})",
+                [1, None, *locked],
+            )
+            conn.commit()
+            finishes.append(time.perf_counter() - t1)
+        batches.append(time.perf_counter() - t0)
+        done += len(rows)
+    conn.close()
+    return {"rows": done, "elapsed": time.perf_counter() - started, "batches": batches, "finishes": finishes}
+
+
+def _mariadb_due_index(cursor) -> str:
+    cursor.execute(
+        "SELECT index_name FROM information_schema.statistics WHERE table_schema = DATABASE() "
+        "AND table_name = %s AND column_name = 'due' AND seq_in_index = 1",
+        [TABLE],
+    )
+    return cursor.fetchone()[0]
+
+
 def _peak_rss_kb(pid: int | str) -> int:
     """Return a process's peak RSS since its exec (VmHWM; getrusage would count the forked parent's pages)."""
     try:
@@ -177,6 +259,8 @@ def _peak_rss_kb(pid: int | str) -> int:
 def _child(args) -> None:
     if args.child == "psycopg":
         answer = _child_psycopg(args.pattern, args.drain, args.database_url)
+    elif args.child == "mysqlclient":
+        answer = _child_mysqlclient(args.pattern, args.drain, args.database_url)
     else:
         _setup_django(args.database_url)
         measure = _child_direct if args.child == "direct" else _child_job
@@ -193,6 +277,12 @@ def _psql_url(url: str) -> str:
 
 
 def _ensure_database(url: str) -> None:
+    if url.startswith("mysql"):
+        name = url.rsplit("/", 1)[1].split("?")[0]
+        conn = _mysql_connect(url, database=False)
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
+        conn.close()
+        return
     import psycopg
 
     name = url.rsplit("/", 1)[1].split("?")[0]
@@ -203,6 +293,24 @@ def _ensure_database(url: str) -> None:
 
 def _fill(url: str, rows: int) -> None:
     """Make ``rows`` due rows, oldest first, in a table vacuumed and analysed as a running one would be."""
+    if url.startswith("mysql"):
+        conn = _mysql_connect(url)
+        cursor = conn.cursor()
+        cursor.execute(f"TRUNCATE {TABLE}")
+        cursor.execute("SELECT VERSION()")
+        depth = "max_recursive_iterations" if "MariaDB" in cursor.fetchone()[0] else "cte_max_recursion_depth"
+        cursor.execute(f"SET SESSION {depth} = %s", [rows + 1])
+        cursor.execute(
+            f"INSERT INTO {TABLE} (n, writes, attempts, due, version, last_failure) "
+            "WITH RECURSIVE g (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < %s) "
+            "SELECT n, 0, 0, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL n * 1000 MICROSECOND, 0, '' FROM g",
+            [rows],
+        )
+        conn.commit()
+        cursor.execute(f"ANALYZE TABLE {TABLE}")
+        cursor.fetchall()
+        conn.close()
+        return
     import psycopg
 
     with psycopg.connect(_psql_url(url), autocommit=True) as conn:
@@ -218,13 +326,22 @@ def _fill(url: str, rows: int) -> None:
 
 def _check_drained(url: str, drain: int) -> None:
     """Fail the bench unless exactly ``drain`` rows were finished, each once."""
-    import psycopg
+    if url.startswith("mysql"):
+        conn = _mysql_connect(url)
+        cursor = conn.cursor()
+        cursor.execute(
+            f"SELECT count(*), coalesce(sum(writes), 0), coalesce(sum(version = 2), 0) FROM {TABLE} WHERE due IS NULL"
+        )
+        done, writes, versions = (int(value) for value in cursor.fetchone())
+        conn.close()
+    else:
+        import psycopg
 
-    with psycopg.connect(_psql_url(url)) as conn:
-        done, writes, versions = conn.execute(
-            f"SELECT count(*), coalesce(sum(writes), 0), count(*) FILTER (WHERE version = 2) "
-            f"FROM {TABLE} WHERE due IS NULL"
-        ).fetchone()
+        with psycopg.connect(_psql_url(url)) as conn:
+            done, writes, versions = conn.execute(
+                f"SELECT count(*), coalesce(sum(writes), 0), count(*) FILTER (WHERE version = 2) "
+                f"FROM {TABLE} WHERE due IS NULL"
+            ).fetchone()
     if not done == writes == versions == drain:
         raise SystemExit(f"expected {drain} rows finished once, found done={done} writes={writes} v2={versions}")
 
@@ -331,73 +448,85 @@ def _median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda figures: figures["rows_per_s"])[len(runs) // 2]
 
 
-def _report(runs: dict, args) -> None:
+def _report(runs: dict, args, database: str) -> None:
+    """Print one database's table: each way's rows/s as a share of the database's limit and of the plain driver."""
+    limit_way, floor_way = ("pgbench", "psycopg") if database == "postgresql" else ("mysqlclient", "mysqlclient")
     print(
-        f"{args.rows} due rows; per_row finishes {args.per_row_drain}, batch {args.batch_drain}; "
-        f"median of {args.repeat} interleaved runs; pgbench -c {args.clients} -M simple"
+        f"== {database}: {args.rows} due rows; per_row finishes {args.per_row_drain}, batch {args.batch_drain}; "
+        f"median of {args.repeat} interleaved runs"
+        + (f"; pgbench -c {args.clients} -M simple" if database == "postgresql" else "")
     )
     header = (
-        f"{'pattern':8} {'way':8} {'rows/s':>7} {'(min-max)':>13} {'of pgbench':>10} {'of psycopg':>10} "
+        f"{'pattern':8} {'way':11} {'rows/s':>7} {'(min-max)':>13} {'of limit':>8} {'of driver':>9} "
         f"{'batch ms p50/p95/p99':>20} {'finish tx ms p50/p99':>20} {'peak RSS':>8}"
     )
     print(header)
     print("-" * len(header))
     medians = {pattern: {way: _median_run(found) for way, found in ways.items()} for pattern, ways in runs.items()}
     for pattern, ways in runs.items():
-        limit = medians[pattern].get("pgbench", {}).get("rows_per_s")
-        floor = medians[pattern].get("psycopg", {}).get("rows_per_s")
+        limit = medians[pattern].get(limit_way, {}).get("rows_per_s")
+        floor = medians[pattern].get(floor_way, {}).get("rows_per_s")
         for way, found in ways.items():
             figures = medians[pattern][way]
             speed = figures["rows_per_s"]
             spread = f"({min(f['rows_per_s'] for f in found):.0f}-{max(f['rows_per_s'] for f in found):.0f})"
             of_limit = f"{speed / limit:.0%}" if limit else "-"
-            of_floor = f"{speed / floor:.0%}" if floor and way != "pgbench" else "-"
+            of_floor = f"{speed / floor:.0%}" if floor and way != limit_way else "-"
             batch = "/".join(_ms(figures["batches"], q) for q in (0.5, 0.95, 0.99))
             finish = "/".join(_ms(figures.get("finishes", []), q) for q in (0.5, 0.99))
             rss = f"{max(f['peak_rss_kb'] for f in found) / 1024:.0f} MB"
             print(
-                f"{pattern:8} {way:8} {speed:>7.0f} {spread:>13} {of_limit:>10} {of_floor:>10} "
+                f"{pattern:8} {way:11} {speed:>7.0f} {spread:>13} {of_limit:>8} {of_floor:>9} "
                 f"{batch:>20} {finish:>20} {rss:>8}"
             )
     print()
     for pattern, target in (("per_row", 0.60), ("batch", 0.40)):
         if pattern not in medians:
             continue
-        limit = medians[pattern].get("pgbench", {}).get("rows_per_s")
+        limit = medians[pattern].get(limit_way, {}).get("rows_per_s")
         for way in ("direct", "job"):
             figures = medians[pattern].get(way)
             if limit and figures:
                 ratio = figures["rows_per_s"] / limit
                 verdict = "meets" if ratio >= target else "MISSES"
-                print(f"{pattern} {way}: {ratio:.0%} of pgbench, {verdict} the target of {target:.0%}")
+                print(f"{database} {pattern} {way}: {ratio:.0%} of {limit_way}, {verdict} the target of {target:.0%}")
+    print()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.claim", description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--mariadb-url", default=os.environ.get("BENCH_MARIADB_URL", DEFAULT_MARIADB_URL))
+    parser.add_argument("--databases", default="postgresql,mariadb", help="a subset of postgresql,mariadb")
     parser.add_argument("--rows", type=int, default=100_000, help="due rows the table is filled with")
     parser.add_argument("--per-row-drain", type=int, default=30_000, help="rows the per_row pattern finishes")
     parser.add_argument("--batch-drain", type=int, default=100_000, help="rows the batch pattern finishes")
     parser.add_argument("--clients", type=int, default=1, help="pgbench connections (our side: one)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each way, interleaved; the median counts")
-    parser.add_argument("--ways", default=",".join(WAYS), help=f"a subset of {','.join(WAYS)}")
+    every = dict.fromkeys((*WAYS, *MARIADB_WAYS))
+    parser.add_argument("--ways", default=",".join(every), help=f"a subset of {','.join(every)}")
     parser.add_argument("--patterns", default=",".join(PATTERNS), help=f"a subset of {','.join(PATTERNS)}")
-    parser.add_argument("--child", choices=WAYS[1:], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=(*WAYS[1:], "mysqlclient"), help=argparse.SUPPRESS)
     parser.add_argument("--pattern", choices=tuple(PATTERNS), help=argparse.SUPPRESS)
     parser.add_argument("--drain", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args)
         return
+    for database in args.databases.split(","):
+        url, ways = (args.database_url, WAYS) if database == "postgresql" else (args.mariadb_url, MARIADB_WAYS)
+        wanted = [way for way in ways if way in args.ways.split(",")]
+        _report(_measure(url, wanted, args), args, database)
 
-    _ensure_database(args.database_url)
+
+def _measure(url: str, ways: list[str], args) -> dict[str, dict[str, list[dict]]]:
+    _ensure_database(url)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
         check=True,
         cwd=Path(__file__).resolve().parent.parent,
-        env=dict(os.environ, DATABASE_URL=args.database_url, FABRIKA_LAB="1"),
+        env=dict(os.environ, DATABASE_URL=url, FABRIKA_LAB="1"),
     )
-    ways = args.ways.split(",")
     drains = {"per_row": args.per_row_drain, "batch": args.batch_drain}
     patterns = args.patterns.split(",")
     runs: dict[str, dict[str, list[dict]]] = {pattern: {way: [] for way in ways} for pattern in patterns}
@@ -405,15 +534,15 @@ def main(argv: list[str] | None = None) -> None:
         # Interleaved, so that whatever else the machine does weighs on every way alike.
         for repeat in range(1, args.repeat + 1):
             for way in ways:
-                _fill(args.database_url, args.rows)
+                _fill(url, args.rows)
                 print(f"# {pattern} {way} run {repeat}: {drains[pattern]} of {args.rows} due rows", file=sys.stderr)
                 if way == "pgbench":
-                    figures = _pgbench(args.database_url, pattern, drains[pattern], args.clients)
+                    figures = _pgbench(url, pattern, drains[pattern], args.clients)
                 else:
-                    figures = _python(args.database_url, way, pattern, drains[pattern])
-                _check_drained(args.database_url, drains[pattern])
+                    figures = _python(url, way, pattern, drains[pattern])
+                _check_drained(url, drains[pattern])
                 runs[pattern][way].append(figures)
-    _report(runs, args)
+    return runs
 
 
 if __name__ == "__main__":

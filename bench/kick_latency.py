@@ -1,13 +1,13 @@
 """Commit-to-start latency of a kicked job, with a worker idle: LISTEN/NOTIFY on PostgreSQL, and polling.
 
-    .venv/bin/python bench/kick_latency.py [--kicks 500] [--postgres URL] [--poll-interval 0.1]
+    .venv/bin/python bench/kick_latency.py [--kicks 500] [--postgres URL] [--mariadb URL] [--poll-interval 0.1]
 
 For each mode it makes a fresh database, starts ``manage.py fabrika_job worker --only lab_stamp``, then
 ``--kicks`` times: commits a row with a kick inside the transaction, waits until the run ended and the
 worker is idle again, and idles a random part of a poll interval. The lab job ``lab_stamp`` notes
 ``time.time()`` as its handler starts; the latency is that minus the moment the commit returned (so it
 includes the kick's statement after the commit, not the commit itself).
-Polling runs on SQLite, where a worker has no other way to hear of a kick.
+Polling runs on SQLite and on MariaDB, where a worker has no other way to hear of a kick.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kicks", type=int, default=500)
     parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432/fabrika_bench")
+    parser.add_argument("--mariadb", default="mysql://root@127.0.0.1:3306/fabrika_bench")
     parser.add_argument("--poll-interval", type=float, default=0.1)
-    parser.add_argument("--only", choices=("listen", "floor", "poll"), help="run one mode")
+    parser.add_argument("--only", choices=("listen", "floor", "poll", "poll-mariadb"), help="run one mode")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "floor":
@@ -51,6 +52,12 @@ def main() -> int:
             f"sqlite:///{sqlite}",
             {"FABRIKA_POLL_INTERVAL": str(args.poll_interval)},
         ),
+        (
+            "poll-mariadb",
+            f"MariaDB, polling every {args.poll_interval * 1000:.0f} ms",
+            args.mariadb,
+            {"FABRIKA_POLL_INTERVAL": str(args.poll_interval)},
+        ),
     ]
     results: dict[str, tuple[float, float, float]] = {}
     for mode, title, url, extra in modes:
@@ -58,7 +65,7 @@ def main() -> int:
             continue
         # Idle a random part of a poll interval before each kick, so kicks fall at every phase of the
         # worker's polling (right after a run ends the worker has just looked; a kick then waits longest).
-        idle = args.poll_interval if mode == "poll" else 0.02
+        idle = args.poll_interval if mode.startswith("poll") else 0.02
         env = dict(os.environ, DATABASE_URL=url, FABRIKA_LAB="1", DJANGO_SETTINGS_MODULE="testproject.settings")
         env.update(extra)
         env.setdefault("FABRIKA_LOG_LEVEL", "WARNING")
@@ -95,6 +102,8 @@ def _report(title: str, latencies: list[float]) -> tuple[float, float, float]:
 
 
 def _fresh_database(url: str) -> None:
+    if url.startswith("mysql"):
+        _fresh_mariadb(url)
     if not url.startswith("postgres"):
         return
     import psycopg
@@ -103,6 +112,25 @@ def _fresh_database(url: str) -> None:
     with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')
+
+
+def _fresh_mariadb(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    import MySQLdb
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = MySQLdb.connect(
+        host=parts.hostname or "127.0.0.1", port=parts.port or 3306, user=parts.username or "root",
+        password=parts.password or "",
+    )
+    try:
+        cursor = admin.cursor()
+        cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        cursor.execute(f"CREATE DATABASE `{name}`")
+    finally:
+        admin.close()
 
 
 def _child(mode: str, kicks: int, idle: float) -> int:

@@ -1,13 +1,14 @@
 """Executing one attempt's handler: its thread, the lease renewals and the deadline, the abort and cut-off.
 
-How a timeout holds even against a handler that never looks at ``ctx.signal``: the handler runs in a
-thread of its own, with its own database connection, while the calling thread renews the lease and watches
-the deadline. At the deadline the signal aborts, so the fence refuses every later begin and commit of
+How a timeout holds even against a handler that never looks at ``ctx.signal``: the handler runs in a thread
+of its own, with its own database connection, while the calling thread renews the lease and watches the
+deadline. At the deadline the signal aborts, so the fence refuses every later begin and commit of
 ``ctx.transaction()``; after a short grace the handler's connection is cut (PostgreSQL:
-``pg_terminate_backend``), which rolls back whatever it held open and frees its locks, and the thread is
-left behind (a daemon), so the run and the worker move on. A child process per attempt would be stronger
-against a wedged interpreter but could not see a test's uncommitted rows, and costs a process start per
-attempt; the fence, not the thread, is what makes a stale attempt harmless.
+``pg_terminate_backend``, MariaDB/MySQL: ``KILL CONNECTION``), which rolls back whatever it held open and
+frees its locks, and the thread is left behind (a daemon), so the run and the worker move on. A child
+process per attempt would be stronger against a wedged interpreter but could not see a test's uncommitted
+rows, and costs a process start per attempt; the fence, not the thread, is what makes a stale attempt
+harmless.
 
 Inside an open transaction (a Django ``TestCase``) the handler runs inline on the caller's connection,
 where a thread could not see the test's rows; the deadline is then enforced by the fence alone.
@@ -148,6 +149,9 @@ def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:
                 pid = raw.info.backend_pid
                 with default_connection.cursor() as cursor:
                     cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            elif conn.vendor == "mysql":
+                with default_connection.cursor() as cursor:
+                    cursor.execute("KILL CONNECTION %s", [raw.thread_id()])  # MariaDB/MySQL: ends it, rolls back
             elif conn.vendor == "sqlite":
                 raw.interrupt()
         except Exception:

@@ -17,7 +17,8 @@ class LeaseFence:
 
     At begin it locks the lease row against takeover inside the transaction: PostgreSQL ``FOR KEY SHARE``
     (a takeover changes the unique ``token`` and so needs ``FOR UPDATE``, which waits; a renewal changes
-    only ``expires`` and does not), SQLite the database write lock, other backends ``FOR UPDATE``. Before
+    only ``expires`` and does not), MariaDB/MySQL a shared lock on the token's unique index entry (the same
+    split), SQLite the database write lock, other backends ``FOR UPDATE``. Before
     commit it checks locally, without a round trip: the signal (deadline, lost lease, shutdown) and the
     time the last renewal is known to cover.
     """
@@ -55,6 +56,10 @@ class LeaseFence:
                 held = cursor.rowcount == 1
             elif connection.vendor == "postgresql":
                 held = _begin_with(connection, cursor, sql, [self.job_name, token])
+            elif connection.vendor == "mysql":
+                cursor.execute(sql, [self.job_name, token])  # answers whether the token's row is the job's
+                found = cursor.fetchone()
+                held = found is not None and bool(found[0])
             else:
                 cursor.execute(sql, [self.job_name, token])
                 held = cursor.fetchone() is not None

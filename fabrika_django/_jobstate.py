@@ -424,6 +424,13 @@ def hold_lease_sql(connection: Any) -> str:
     table = connection.ops.quote_name(Lease._meta.db_table)
     if connection.vendor == "sqlite":
         return f"UPDATE {table} SET token = token WHERE job = %s AND token = %s"  # noqa: S608  quoted name
+    if connection.vendor == "mysql":
+        # InnoDB's FOR KEY SHARE: a shared lock read through the unique token index alone (the index covers the
+        # query, the job being its primary key, so the table's row is not locked). A takeover or release changes
+        # the token and must lock that index entry, so it waits; a renewal changes only expires and never touches
+        # the index, so it does not. The job is compared in the answer, not the WHERE, which would let the
+        # optimizer pick the primary key and lock the row. A locking read is a current read at any isolation.
+        return f"SELECT job = %s FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
     lock = "FOR KEY SHARE" if connection.vendor == "postgresql" else "FOR UPDATE"
     return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s {lock}"  # noqa: S608  quoted name
 

@@ -16,6 +16,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   (reported by the backend's own ``check()``, which Django's tasks checks call)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
+- W040 a MariaDB/MySQL database whose transactions would not run at READ COMMITTED (``_isolation.py``)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
+from . import _isolation  # noqa: F401  registers fabrika.W040
 from .conf import DEFAULTS
 from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
 from .schedule import Schedule, normalize

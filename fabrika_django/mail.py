@@ -482,8 +482,8 @@ class _Ledger:
     def _insert_sending(self, provider: str) -> bool:
         """Insert the key's row as ``sending``; False when the key has a row already. One statement, no exception.
 
-        PostgreSQL and SQLite say so with ``ON CONFLICT DO NOTHING RETURNING``; other databases take the
-        IntegrityError path inside a savepoint.
+        PostgreSQL and SQLite say so with ``ON CONFLICT DO NOTHING RETURNING``, MariaDB and MySQL with
+        ``INSERT IGNORE`` and its row count; other databases take the IntegrityError path inside a savepoint.
         """
         from django.db import connections, router
         from django.utils import timezone
@@ -507,6 +507,24 @@ class _Ledger:
                         ],
                     )
                     return cursor.fetchone() is not None
+            provider_fits = len(provider) <= SentMail._meta.get_field("provider").max_length  # type: ignore[operator]
+            if connection.vendor == "mysql" and provider_fits:
+                # IGNORE also turns a value too long for its column into a warning, so it is used only when every
+                # value fits: two fixed-length hashes and a provider name checked above. Then the one row it can
+                # skip is a duplicate key: a row count of 0 says the key has a row already.
+                table = connection.ops.quote_name(SentMail._meta.db_table)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"INSERT IGNORE INTO {table} (key_hash, content_hash, state, provider, message_id, created) "  # noqa: S608
+                        "VALUES (%s, %s, 'sending', %s, '', %s)",
+                        [
+                            self.key_hash,
+                            self.content_hash,
+                            provider,
+                            connection.ops.adapt_datetimefield_value(timezone.now()),
+                        ],
+                    )
+                    return cursor.rowcount == 1
             try:
                 with transaction.atomic(using=alias):
                     SentMail.objects.using(alias).create(

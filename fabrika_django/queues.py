@@ -85,7 +85,7 @@ class QueueQuerySet(models.QuerySet[_M]):
         # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
         rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by(*self._claim_order).defer("due")
         with framework_write(), transaction.atomic(using=using):
-            rows = list(_locked(rows_qs, connection)[:limit])
+            rows = _read_locked(_locked(rows_qs, connection)[:limit], connection)
             if rows:
                 _lease(self.model, using, rows, run, now)
         return rows
@@ -189,6 +189,29 @@ def _locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> QueueQ
     return rows
 
 
+def _read_locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> list[Any]:
+    """Read the claim's rows; on MariaDB/MySQL through the ``(due, pk)`` index, named in the statement.
+
+    InnoDB locks every row a locking read examines, and keeps the lock on each row that matched even when
+    ORDER BY ... LIMIT drops it after a sort. With a backlog (most rows due) the optimizer prefers a table scan
+    and a filesort, so one claim would lock the whole backlog and every other claimer would skip it all.
+    Walking the index in claim's order reads only the rows it returns (and dead ones it passes).
+    """
+    index = _due_index(rows.model) if connection.vendor == "mysql" else None
+    if index is None:
+        return list(rows)
+    sql, params = rows.query.get_compiler(connection=connection).as_sql()
+    table = connection.ops.quote_name(rows.model._meta.db_table)
+    hinted = sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({connection.ops.quote_name(index)})", 1)
+    return list(rows.model._base_manager.raw(hinted, params, using=rows.db))
+
+
+def _due_index(model: type[models.Model]) -> str | None:
+    """Return the name of the model's ``(due, pk)`` index (models.py gives every queue table one)."""
+    fields = ["due", model._meta.pk.name]
+    return next((index.name for index in model._meta.indexes if list(index.fields) == fields), None)
+
+
 def _take_write_lock(model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
     """Take SQLite's database write lock now, in the open transaction (a write that matches nothing does)."""
     table, version = _quoted(connection, model, "version")
@@ -216,8 +239,10 @@ def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRu
         due_sql = f"CASE {attempts_c}{' WHEN %s THEN %s' * len(due_by_attempts)} END"
         params = [value for attempts, due in due_by_attempts.items() for value in (attempts, prepare(due, connection))]
     in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, [row.pk for row in rows]))
+    # due first: MySQL and MariaDB evaluate a single-table UPDATE's assignments left to right, each seeing the
+    # ones before it, so a CASE on attempts placed after "attempts = attempts + 1" would match no WHEN.
     sql = (
-        f"UPDATE {table} SET {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1, {due_c} = {due_sql} "  # noqa: S608
+        f"UPDATE {table} SET {due_c} = {due_sql}, {attempts_c} = {attempts_c} + 1, {version_c} = {version_c} + 1 "  # noqa: S608
         f"WHERE {in_sql}"
     )
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
@@ -281,10 +306,20 @@ def _update_versioned(model: type[models.Model], using: str, rows: list[Any], va
             with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
                 cursor.execute(f"{sql} RETURNING {pk_column}", params)
                 return {row[0] for row in cursor.fetchall()}
+    # No UPDATE ... RETURNING (MariaDB, MySQL): lock the unchanged rows, then write exactly those, in one
+    # transaction. Reading which rows changed after the UPDATE instead would be wrong: a row another writer
+    # moved to the version this UPDATE writes would look written.
     with transaction.atomic(using=using):
         locked = _locked_for_update(matching, connection)
         pks = list(locked.values_list("pk", flat=True))
-        if pks:
+        if pks and assigned is not None:
+            parts, params = assigned
+            table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+            in_sql, in_params = _pks_in(connection, pk_c, _db_pks(model, connection, pks))
+            sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = {version_c} + 1 WHERE {in_sql}"  # noqa: S608
+            with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+                cursor.execute(sql, [*params, *in_params])
+        elif pks:
             model._base_manager.using(using).filter(pk__in=pks).update(**values)
     return set(_db_pks(model, connection, pks))
 

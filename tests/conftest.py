@@ -5,18 +5,31 @@ from fabrika_django._running import ActiveRun, running
 from fabrika_django.jobs import CronJob
 from fabrika_django.schedule import Schedule
 
+# What each marker needs, the vendors that have it, and the reason a test is skipped elsewhere.
+_NEEDS = {
+    "postgresql": ({"postgresql"}, "needs PostgreSQL: set DATABASE_URL=postgres://... (bin/test does)"),
+    "mysql": ({"mysql"}, "needs MariaDB or MySQL: set DATABASE_URL=mysql://... (bin/test does)"),
+    "row_locks": (
+        {"postgresql", "mysql"},
+        "needs row locks and SKIP LOCKED (PostgreSQL, MariaDB, MySQL): SQLite locks the whole database",
+    ),
+    "listen_notify": (
+        {"postgresql"},
+        "needs LISTEN/NOTIFY (PostgreSQL): workers on this database poll, as test_worker.py's polling tests check",
+    ),
+}
+
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``postgresql`` on any other database, saying why."""
-    from django.conf import settings
+    """Skip the tests marked with a database or a feature (``_NEEDS``) where the database lacks it."""
+    from django.db import connections
 
-    engine = settings.DATABASES["default"]["ENGINE"]
-    if "postgresql" in engine:
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://... (bin/test does)")
+    vendor = connections["default"].vendor
     for item in items:
-        if "postgresql" in item.keywords:
-            item.add_marker(skip)
+        for marker, (vendors, reason) in _NEEDS.items():
+            if marker in item.keywords and vendor not in vendors:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 def make_job(name="test_job", schedule="*/5 * * * *", **options):

@@ -21,6 +21,12 @@ def test_database_url():
         host = db.get("HOST") or "127.0.0.1"
         port = db.get("PORT") or 5432
         return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+    if connection.vendor == "mysql":
+        user = db.get("USER") or "root"
+        password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+        host = db.get("HOST") or "127.0.0.1"
+        port = db.get("PORT") or 3306
+        return f"mysql://{user}{password}@{host}:{port}/{db['NAME']}"
     raise NotImplementedError(connection.vendor)
 
 

@@ -353,3 +353,60 @@ def test_listen_database_that_is_not_an_alias_is_refused_naming_none_as_the_way_
     assert [(error.id, error.hint) for error in _check_settings()] == [
         ("fabrika.E032", "Give a database alias, e.g. 'default', or None to poll.")
     ]
+
+
+# --- fabrika.W040: READ COMMITTED on MariaDB and MySQL ---------------------------------------------------
+
+
+def _w040(engine, **options):
+    from fabrika_django._isolation import isolation_warnings
+
+    return isolation_warnings({"reporting": {"ENGINE": engine, "NAME": "app", "OPTIONS": options}}, asked=set())
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"isolation_level": "repeatable read"}, "REPEATABLE READ"),
+        ({"isolation_level": "serializable"}, "SERIALIZABLE"),
+        ({"isolation_level": "read uncommitted"}, "READ UNCOMMITTED"),
+        ({"isolation_level": None}, "the server's default level (REPEATABLE READ unless changed)"),
+    ],
+)
+def test_a_mysql_database_configured_off_read_committed_is_a_warning_naming_it(options, said):
+    (warning,) = _w040("django.db.backends.mysql", **options)
+    assert (warning.id, warning.obj) == ("fabrika.W040", "reporting")
+    assert f"'reporting' runs transactions at {said}: fabrika needs READ COMMITTED" in warning.msg
+    assert "isolation_level" in warning.hint
+
+
+@pytest.mark.parametrize(
+    ("engine", "options"),
+    [
+        ("django.db.backends.mysql", {}),  # Django's own default: read committed
+        ("django.db.backends.mysql", {"isolation_level": "READ COMMITTED"}),
+        ("django.db.backends.postgresql", {"isolation_level": 3}),
+    ],
+)
+def test_read_committed_on_mysql_and_any_level_elsewhere_pass(engine, options):
+    assert _w040(engine, **options) == []
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_asked_about_a_database_the_check_reads_the_sessions_level_from_the_server():
+    from django.db import connection
+
+    from fabrika_django._isolation import check_isolation, session_isolation
+
+    assert session_isolation("default") == "read committed"  # what Django set when it connected
+    assert check_isolation(databases=["default"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # as an init_command could
+    try:
+        assert check_isolation() == []  # the settings alone say nothing wrong
+        (warning,) = check_isolation(databases=["default"])
+        assert "'default' runs transactions at REPEATABLE READ" in warning.msg
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")

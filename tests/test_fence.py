@@ -5,7 +5,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.db import OperationalError, connection, transaction
+from django.db.models import Value
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from fabrika_django import runner
@@ -13,6 +15,7 @@ from fabrika_django.models import Attempt, Job, Lease
 from testproject.lab.models import Mark
 
 from .jobs_helpers import temporary_job
+from .locks import LOCK_TIMEOUT, failing_lock_waits
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -74,7 +77,7 @@ def test_an_attempt_whose_lease_was_taken_over_cannot_begin_a_transaction():
     assert Job.objects.get(name="stale").last_outcome == "succeeded"  # the stale run speaks for nobody
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_not():
     in_transaction = threading.Event()
     finish = threading.Event()
@@ -85,12 +88,10 @@ def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_no
             in_transaction.set()
             finish.wait(20)
 
-    def try_statement(sql, params):
+    def try_update(**values):
         def attempt():
-            with transaction.atomic(), connections["default"].cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '300ms'")
-                cursor.execute(sql, params)
-                return cursor.rowcount
+            with failing_lock_waits():
+                return Lease.objects.filter(job="holder").update(**values)
 
         return _in_own_connection(attempt)
 
@@ -99,13 +100,11 @@ def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_no
         worker.start()
         try:
             assert in_transaction.wait(20)
-            table = Lease._meta.db_table
-            renewed = try_statement(
-                f"UPDATE {table} SET expires = now() + interval '30 seconds' WHERE job = %s", ["holder"]
-            )
-            assert renewed == 1
-            with pytest.raises(OperationalError, match="lock timeout"):
-                try_statement(f"UPDATE {table} SET token = %s WHERE job = %s", [uuid.uuid4(), "holder"])
+            assert try_update(expires=Now() + Value(timedelta(seconds=30))) == 1  # a renewal
+            with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
+                try_update(token=uuid.uuid4())  # a takeover
+            with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
+                try_update(token=None)  # a release
         finally:
             finish.set()
             worker.join(30)

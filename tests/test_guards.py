@@ -181,3 +181,68 @@ def test_a_job_held_to_its_actions_still_kicks_through_the_frameworks_prepared_s
 def test_execute_of_a_prepared_statement_is_refused_to_a_job_held_to_its_actions():
     with temporary_job(_raw("EXECUTE p(1)", in_transaction=True), name="raw_writer", actions=["lab.add_mark"]):
         assert run_job("raw_writer").failure == "capability_refused"
+
+
+def _refused_write(write):
+    """Run ``write(cursor)`` in ctx.transaction() of a job holding only a read permission; answer what was missing."""
+    from django.db import connection
+
+    caught = []
+
+    def writer(ctx):
+        try:
+            with ctx.transaction(), connection.cursor() as cursor:
+                write(cursor)
+        except CapabilityRefused as exc:
+            caught.append(exc.missing)
+
+    with temporary_job(writer, name="writer", actions=["lab.view_mark"]):
+        assert run_job("writer").ok
+    return caught
+
+
+def _upsert(connection):
+    # MySQL and MariaDB take no conflict target (ON DUPLICATE KEY UPDATE); the others need one.
+    target = ["id"] if connection.features.supports_update_conflicts_with_target else None
+    Mark.objects.bulk_create(
+        [Mark(pk=1, job="x", note="y")], update_conflicts=True, unique_fields=target, update_fields=["note"]
+    )
+
+
+@pytest.mark.parametrize(
+    "write, needed",
+    [
+        (lambda cursor: Mark.objects.bulk_create([Mark(job="x", note="y")], ignore_conflicts=True), "lab.add_mark"),
+        (lambda cursor: _upsert(cursor.db), "lab.add_mark"),
+        (lambda cursor: Mark.objects.filter(job="x").update(note="z"), "lab.change_mark"),
+        (lambda cursor: Mark.objects.filter(job="x").delete(), "lab.delete_mark"),
+    ],
+    ids=["ignore-conflicts", "upsert", "update", "delete"],
+)
+def test_the_orms_writes_as_each_database_spells_them_need_their_permission(write, needed):
+    assert _refused_write(write) == [needed]
+    assert not Mark.objects.exists()
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize(
+    "sql, needed",
+    [
+        ("INSERT IGNORE INTO `lab_mark` (`job`, `note`, `pid`, `attempt`, `at`) VALUES ('x', 'y', 0, 0, NOW())", "add"),
+        (
+            "INSERT LOW_PRIORITY INTO `lab_mark` (`job`, `note`, `pid`, `attempt`, `at`) "
+            "VALUES ('x', 'y', 0, 0, NOW())",
+            "add",
+        ),
+        (
+            "REPLACE INTO `lab_mark` (`id`, `job`, `note`, `pid`, `attempt`, `at`) VALUES (1, 'x', 'y', 0, 0, NOW())",
+            "add",
+        ),
+        ("UPDATE LOW_PRIORITY IGNORE `lab_mark` SET `note` = 'z'", "change"),
+        ("DELETE QUICK FROM `lab_mark` WHERE `id` = 0", "delete"),
+        ("DELETE `lab_mark` FROM `lab_mark` WHERE `lab_mark`.`id` = 0", "delete"),
+    ],
+)
+def test_mysqls_own_write_syntax_and_backtick_quoting_need_their_permission(sql, needed):
+    assert _refused_write(lambda cursor: cursor.execute(sql)) == [f"lab.{needed}_mark"]
+    assert not Mark.objects.exists()

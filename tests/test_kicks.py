@@ -104,7 +104,7 @@ def _notifications(listener, timeout):
     return names
 
 
-@pytest.mark.postgresql
+@pytest.mark.listen_notify
 def test_a_kick_notifies_listeners_once_while_the_job_stays_pending(lab_slow_row):
     with psycopg.connect(processes.test_database_url(), autocommit=True) as listener:
         listener.execute(f"LISTEN {kicks.CHANNEL}")

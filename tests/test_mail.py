@@ -307,7 +307,7 @@ def test_an_unknown_outcome_over_a_deduplicating_transport_may_be_retried():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 def test_two_tries_racing_on_one_key_send_once_and_the_other_is_told_unknown_or_the_acceptance():
     with SMTPServer() as smtp, override_settings(**smtp.settings):
         original = smtp.handler.handle_DATA
@@ -553,3 +553,19 @@ def test_may_retry_answers_false_for_anything_but_a_delivery_error():
     assert mailer.may_retry(RuntimeError("x")) is False
     assert mailer.may_retry(EmailDeliveryError("x", code="transport_unavailable")) is True
     assert mailer.may_retry(EmailDeliveryError("x", code="transport_failed", outcome="unknown")) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reserving_a_key_is_one_statement_whether_the_key_is_new_or_taken():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fabrika_django.mail import _Ledger
+
+    ledger = _Ledger("a" * 64, "b" * 64)
+    with CaptureQueriesContext(connection) as first:
+        assert ledger._insert_sending("smtp") is True
+    with CaptureQueriesContext(connection) as again:
+        assert ledger._insert_sending("smtp") is False
+    assert [len(first), len(again)] == [1, 1]  # no savepoint, no IntegrityError to catch
+    assert list(SentMail.objects.values_list("key_hash", "state", "provider")) == [("a" * 64, "sending", "smtp")]

@@ -1,19 +1,23 @@
 """claim() under concurrency: real threads, each with its own database connection.
 
-On PostgreSQL, rows another transaction holds are skipped, never waited for; on SQLite (no row locks) the
-claim takes the database write lock first, so two claimers never read the same rows.
+On PostgreSQL and MariaDB/MySQL, rows another transaction holds are skipped, never waited for; on SQLite (no
+row locks) the claim takes the database write lock first, so two claimers never read the same rows.
 """
 
+import contextlib
 import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
+from fabrika_django import queues
 from fabrika_django._running import ActiveRun, running
 from testproject.lab.models import Item
 
 from .conftest import make_job
+from .locks import LOCK_TIMEOUT, failing_lock_waits
 
 NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
@@ -22,6 +26,15 @@ def _due_items(count):
     """``count`` due rows, oldest first by pk, made in one statement."""
     Item.objects.bulk_create([Item(n=i, due=NOON - timedelta(seconds=count - i)) for i in range(count)])
     return list(Item.objects.order_by("pk").values_list("pk", flat=True))
+
+
+def _analyze():
+    """Refresh the table's statistics, as a running database would have them."""
+    table = connection.ops.quote_name(Item._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE TABLE {table}" if connection.vendor == "mysql" else f"ANALYZE {table}")
+        if connection.vendor == "mysql":
+            cursor.fetchall()  # it answers a status row
 
 
 def _claim_in_threads(threads, limit):
@@ -52,7 +65,7 @@ def _claim_in_threads(threads, limit):
     return claims
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_eight_concurrent_claimers_claim_every_row_exactly_once():
     pks = _due_items(3000)
@@ -65,31 +78,79 @@ def test_eight_concurrent_claimers_claim_every_row_exactly_once():
     assert set(Item.objects.values_list("attempts", "version", "due")) == {(1, 1, NOON + timedelta(minutes=5))}
 
 
-@pytest.mark.postgresql
+@pytest.fixture
+def effects():
+    """A table with one row per effect, its key the item's: a row finished twice would break the key."""
+    table = connection.ops.quote_name("test_item_effect")
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {table} (item_id BIGINT NOT NULL PRIMARY KEY, claimer INTEGER NOT NULL)")
+    try:
+        yield table
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE {table}")
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_claim_and_finish_five_thousand_rows_each_exactly_once(effects):
+    _due_items(5000)
+    job = make_job(schedule="*/5 * * * *")
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def claimer(number):
+        try:
+            start.wait(timeout=30)
+            with running(ActiveRun(job=job, clock=lambda: NOON)):
+                while rows := Item.objects.claim(limit=50):
+                    for row in rows:
+                        with transaction.atomic(), connection.cursor() as cursor:
+                            effect = f"INSERT INTO {effects} (item_id, claimer) VALUES (%s, %s)"
+                            cursor.execute(effect, [row.pk, number])
+                            row.finish(writes=1)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(number,)) for number in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert errors == []  # an IntegrityError here: a row's effect twice; a VersionConflict: a row claimed twice
+    assert not any(thread.is_alive() for thread in threads)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COUNT(DISTINCT claimer) FROM {effects}")
+        effect_rows, claimers = cursor.fetchone()
+    assert effect_rows == 5000
+    assert claimers > 1  # they did run at once
+    assert not Item.objects.waiting().exists()
+    assert set(Item.objects.values_list("attempts", "version", "writes", "due")) == {(1, 2, 1, None)}
+
+
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_claim_skips_a_row_held_for_update_by_another_transaction_and_does_not_wait(job_run):
     held, second, third = _due_items(3)
     other = connections.create_connection("default")
     try:
+        other.set_autocommit(False)
         with other.cursor() as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute("SELECT id FROM lab_item WHERE id = %s FOR UPDATE", [held])
+            cursor.execute(f"SELECT id FROM {Item._meta.db_table} WHERE id = %s FOR UPDATE", [held])
         # From here, waiting for a lock is an error on this connection, not a delay.
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '50ms'")
-        with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
-            list(Item.objects.select_for_update().filter(pk=held))  # the control: a locking read would wait
+        with failing_lock_waits():
+            with pytest.raises(OperationalError, match=LOCK_TIMEOUT), transaction.atomic():
+                list(Item.objects.select_for_update().filter(pk=held))  # the control: a locking read would wait
 
-        with job_run(now=NOON):
-            claimed = Item.objects.claim(limit=2)
+            with job_run(now=NOON):
+                claimed = Item.objects.claim(limit=2)
 
         assert [row.pk for row in claimed] == [second, third]
         assert Item.objects.get(pk=held).attempts == 0
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
-        with other.cursor() as cursor:
-            cursor.execute("ROLLBACK")
+        other.rollback()
         other.close()
 
     with job_run(now=NOON):
@@ -105,3 +166,97 @@ def test_two_threads_claiming_at_once_never_get_the_same_row():
     assert set(first).isdisjoint(second)
     assert sorted(first + second) == pks
     assert set(Item.objects.values_list("attempts", "version")) == {(1, 1)}
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("backlog", [False, True], ids=["mostly-done", "mostly-due"])
+def test_on_mariadb_claim_reads_the_due_index_in_order_without_sorting(job_run, backlog):
+    """InnoDB locks every row it reads: a claim that scanned the table would lock (and make others skip) it all."""
+    Item.objects.bulk_create(
+        [Item(n=i, due=NOON - timedelta(seconds=i) if backlog or i % 20 == 0 else None) for i in range(4000)]
+    )
+    _analyze()
+    with job_run(now=NOON), CaptureQueriesContext(connection) as queries:
+        assert len(Item.objects.claim(limit=50)) == 50
+    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    assert select.endswith("FOR UPDATE SKIP LOCKED")
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {select}")
+        columns = [column[0] for column in cursor.description]
+        (plan,) = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    index = next(index.name for index in Item._meta.indexes if index.fields == ["due", "id"])
+    assert (plan["type"], plan["key"]) == ("range", index)
+    assert "filesort" not in (plan["Extra"] or "")
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_in_progress_on_a_backlog_leaves_the_rest_of_the_backlog_to_another_claimer(monkeypatch):
+    """Locks only what it takes: on InnoDB a table scan and sort would lock every due row until it commits."""
+    pks = _due_items(2000)
+    _analyze()  # the optimizer knows most of the table is due
+
+    with _claim_paused_in_a_thread(monkeypatch) as first:
+        with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+            second = [row.pk for row in Item.objects.claim(limit=50)]
+    assert first == pks[:50]
+    assert second == pks[50:100]
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_at_read_committed_a_row_added_among_the_rows_a_claim_holds_does_not_wait_for_it(monkeypatch, isolation):
+    """Why fabrika needs READ COMMITTED on MariaDB/MySQL (check fabrika.W040): at REPEATABLE READ the claim's
+    locking read also locks the gaps between the rows it walks, and a request adding a row there waits."""
+    _due_items(200)
+    with _claim_paused_in_a_thread(monkeypatch, isolation=isolation) as first:
+        among = Item.objects.filter(pk=first[10]).values_list("due", flat=True).get() + timedelta(microseconds=1)
+        with failing_lock_waits():
+            if isolation == "read committed":
+                Item.objects.create(n=9999, due=among)
+            else:
+                with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
+                    Item.objects.create(n=9999, due=among)
+
+
+@contextlib.contextmanager
+def _claim_paused_in_a_thread(monkeypatch, *, isolation=None):
+    """Claim 50 rows in a thread and hold the claim's transaction open (its rows locked) for the block.
+
+    Answers the list of the claimed pks, filled when the block begins.
+    """
+    locked, release = threading.Event(), threading.Event()
+    lease = queues._lease
+    claimer_thread = []
+
+    def paused_lease(model, using, rows, *args, **kwargs):
+        if threading.current_thread() in claimer_thread:
+            claimed.extend(row.pk for row in rows)
+            locked.set()  # the claimer holds its rows' locks here, inside its transaction
+            release.wait(30)
+        return lease(model, using, rows, *args, **kwargs)
+
+    monkeypatch.setattr(queues, "_lease", paused_lease)
+    claimed: list[int] = []
+
+    def claimer():
+        try:
+            if isolation is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation.upper()}")
+            with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+                Item.objects.claim(limit=50)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=claimer)
+    claimer_thread.append(thread)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        yield claimed
+    finally:
+        release.set()
+        thread.join(30)

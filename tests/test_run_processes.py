@@ -12,16 +12,19 @@ from .processes import start_manage
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_two_run_commands_at_once_run_one_attempt_and_the_job_once_more():
-    first = start_manage("fabrika_job", "run", "lab_slow", LAB_SLOW_SECONDS=2)
+def test_two_run_commands_at_once_run_one_attempt_and_the_job_once_more(tmp_path):
+    # The first run works until the second command has ended (coalesced), however slowly that one starts.
+    second_ended = tmp_path / "second-ended"
+    first = start_manage("fabrika_job", "run", "lab_slow", LAB_SLOW_UNTIL=second_ended)
     try:
         # Wait until the first holds the lease, so the second surely meets an active run.
         deadline = time.monotonic() + 30
         while not Mark.objects.filter(note="start").exists():
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
-        second = start_manage("fabrika_job", "run", "lab_slow")
+        second = start_manage("fabrika_job", "run", "lab_slow", LAB_SLOW_UNTIL=second_ended)
         second_out, second_err = second.communicate(timeout=60)
+        second_ended.touch()
         first_out, first_err = first.communicate(timeout=60)
     finally:
         first.kill()

@@ -324,7 +324,7 @@ def test_a_worker_serving_a_kick_that_a_run_already_served_starts_nothing():
     assert lease is not None and Job.objects.get(name=job.name).pending_since is None
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_runs_and_kicks_of_one_job_from_many_threads_never_deadlock():
     """The one-statement start, the locked start and the end all take the Job row before the Lease row.
@@ -357,3 +357,31 @@ def test_runs_and_kicks_of_one_job_from_many_threads_never_deadlock():
     assert errors == []
     assert Attempt.objects.filter(job="lab_stamp", outcome="succeeded").count() >= 8
     assert not Attempt.objects.filter(job="lab_stamp").exclude(outcome="succeeded").exists()
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_ignores_its_abort_inside_a_transaction_has_its_connection_cut_and_its_locks_freed():
+    from .locks import failing_lock_waits
+
+    item = Item.objects.create(due=None)
+    holding, hold, woke = threading.Event(), threading.Event(), threading.Event()
+
+    def stubborn(ctx):
+        with ctx.transaction():
+            Item.objects.select_for_update().get(pk=item.pk)
+            holding.set()
+            hold.wait(15)  # ignores ctx.signal on purpose, with the row locked
+            woke.set()
+
+    try:
+        with temporary_job(stubborn, timeout=timedelta(seconds=1)):
+            result = runner.run("stubborn")
+            assert holding.is_set()
+            assert result.failure == "timed_out"
+            assert not woke.is_set()  # the run ended without waiting for the handler (its release needs the lease)
+            # The run has moved on; the row is free at once, not when the handler wakes.
+            with failing_lock_waits(), transaction.atomic():
+                assert Item.objects.select_for_update().get(pk=item.pk).pk == item.pk
+    finally:
+        hold.set()

@@ -14,7 +14,7 @@ from testproject.lab.models import Item, Mark
 
 from .workers import WorkerProcess, wait_until
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 ROWS = 5000
 

@@ -60,6 +60,13 @@ def _post_mortem(workers):
                 "AND state <> 'idle'"
             )
             parts += ["sessions not idle:", *(repr(row) for row in cursor.fetchall())]
+    elif connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, command, state, time, left(info, 160) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command <> 'Sleep'"
+            )
+            parts += ["sessions not idle:", *(repr(row) for row in cursor.fetchall())]
     for worker in workers:
         if worker.alive():
             worker.signal(signal.SIGABRT)

@@ -18,9 +18,15 @@ def _mark(ctx, note):
 
 @cron(None, timeout=timedelta(seconds=30))
 def lab_slow(ctx):
-    """Marks its start, works two seconds, marks its end."""
+    """Marks its start, works two seconds (or until the file LAB_SLOW_UNTIL names exists), marks its end."""
     _mark(ctx, "start")
-    time.sleep(float(os.environ.get("LAB_SLOW_SECONDS", "2")))
+    until = os.environ.get("LAB_SLOW_UNTIL")
+    if until:
+        deadline = time.monotonic() + 25
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:
+        time.sleep(float(os.environ.get("LAB_SLOW_SECONDS", "2")))
     _mark(ctx, "end")
 
 
