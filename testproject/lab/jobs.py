@@ -83,3 +83,23 @@ def lab_mail(ctx):
         _mark(ctx, f"{error.code}:{error.outcome}:{ctx.mail.may_retry(error)}")
     else:
         _mark(ctx, "accepted")
+
+
+@cron(None, timeout=timedelta(seconds=120))
+def lab_reader(ctx):
+    """Marks its start, then reads the Mark table until aborted: a cut connection makes it raise."""
+    _mark(ctx, "start")
+    while not ctx.signal.wait(0.05):
+        Mark.objects.filter(note="go").exists()
+
+
+@cron(None, retries=1, timeout=timedelta(seconds=120))
+def lab_hold(ctx):
+    """Marks its start inside ctx.transaction(); with LAB_HOLD_FILE set it writes its pid there and stays inside."""
+    target = os.environ.get("LAB_HOLD_FILE")
+    with ctx.transaction():
+        Mark.objects.create(job=ctx.job.name, note="start", pid=os.getpid(), attempt=ctx.attempt)
+        if target:
+            with open(target, "a") as out:
+                out.write(f"{os.getpid()}\n")
+            ctx.signal.wait(float(os.environ.get("LAB_HOLD_SECONDS", "60")))
