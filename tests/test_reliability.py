@@ -66,8 +66,10 @@ def test_a_run_cut_off_by_a_frozen_worker_leaves_the_job_pending_and_its_rows_ge
         )
         # Nobody kicks: the job must run again on its own and take every row never claimed.
         wait_until(
-            lambda: not Item.objects.filter(attempts=0).exists()
-            and Attempt.objects.filter(job="lab_items", outcome="succeeded").exists(),
+            lambda: (
+                not Item.objects.filter(attempts=0).exists()
+                and Attempt.objects.filter(job="lab_items", outcome="succeeded").exists()
+            ),
             timeout=30,
             workers=[worker],
             what="the job to run again by itself after its run was cut off",
