@@ -84,7 +84,6 @@ def test_a_run_cut_off_by_a_frozen_worker_leaves_the_job_pending_and_its_rows_ge
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(strict=True, reason="issue 11: ctx.row is not built yet")
 def test_a_poison_row_inside_ctx_row_is_the_only_dead_row(fabrika_clock):
     Item.objects.bulk_create([Item(n=n, due=fabrika_clock.now - timedelta(seconds=1)) for n in range(100)])
 
