@@ -238,7 +238,6 @@ def test_a_holder_frozen_inside_a_fenced_transaction_blocks_the_takeover_only_ab
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: a requeue does not kick the jobs that claim the table")
 def test_a_requeued_dead_row_of_a_kick_only_job_runs_within_seconds():
     worker = WorkerProcess("--only", "lab_items", FABRIKA_POLL_INTERVAL=0.2)
     try:
