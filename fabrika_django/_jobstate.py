@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from . import _prepared
 from ._channel import CHANNEL
+from ._frozen import end_frozen_fences, fence_mark_sql
 from ._running import framework_write
 from .models import Attempt, Job, Lease, Outcome
 
@@ -307,6 +308,8 @@ def _start_under_job_lock(start: Start) -> Started | None:
     if resumed:
         run_id, attempt = previous["run_id"], previous["attempt"] + 1
         trigger = Job.objects.filter(name=name).values_list("last_trigger", flat=True).first() or trigger
+    if previous.get("token"):
+        end_frozen_fences(name)  # else the takeover below waits for a frozen holder's fenced transaction
     taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), job=name).update(
         token=start.token, holder=start.holder, run_id=run_id, attempt=attempt, expires=_expires(start.seconds)
     )
@@ -424,8 +427,10 @@ def hold_lease_sql(connection: Any) -> str:
     table = connection.ops.quote_name(Lease._meta.db_table)
     if connection.vendor == "sqlite":
         return f"UPDATE {table} SET token = token WHERE job = %s AND token = %s"  # noqa: S608  quoted name
-    lock = "FOR KEY SHARE" if connection.vendor == "postgresql" else "FOR UPDATE"
-    return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s {lock}"  # noqa: S608  quoted name
+    if connection.vendor == "postgresql":
+        # The advisory lock names this session as a holder of the job's fence (see _frozen).
+        return f"SELECT {fence_mark_sql('job')} FROM {table} WHERE job = %s AND token = %s FOR KEY SHARE"  # noqa: S608
+    return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
 
 
 # -- the worker's scan and fires --------------------------------------------------------------------------

@@ -200,7 +200,6 @@ def test_run_command_names_the_run_that_did_the_work_not_the_rerun_for_a_kick_du
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: a frozen holder inside ctx.transaction() blocks the takeover")
 def test_a_holder_frozen_inside_a_fenced_transaction_blocks_the_takeover_only_about_a_lease():
     with tempfile.TemporaryDirectory() as folder:
         hold = Path(folder) / "hold"
@@ -256,3 +255,33 @@ def test_a_requeued_dead_row_of_a_kick_only_job_runs_within_seconds():
         )
     finally:
         worker.kill()
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_live_holder_inside_a_long_fenced_transaction_keeps_its_lease_and_commits():
+    with tempfile.TemporaryDirectory() as folder:
+        hold = Path(folder) / "hold"
+        hold.touch()
+        # Three leases long inside one transaction: renewals keep the lease, so nobody ends it.
+        first = WorkerProcess("--only", "lab_hold", LAB_HOLD_FILE=hold, LAB_HOLD_SECONDS=6, **SHORT)
+        second = None
+        try:
+            _started(first)
+            second = WorkerProcess("--only", "lab_hold", LAB_HOLD_FILE=hold, LAB_HOLD_SECONDS=6, **SHORT)
+            _started(second)
+            kick("lab_hold")
+            wait_until(
+                lambda: Attempt.objects.filter(job="lab_hold").exclude(outcome="running").exists(),
+                timeout=60,
+                workers=[first, second],
+                what="the long attempt's end",
+            )
+        finally:
+            first.kill()
+            if second is not None:
+                second.kill()
+    holders = list(Attempt.objects.filter(job="lab_hold").values_list("outcome", "holder"))
+    assert len(holders) == 1 and holders[0][0] == "succeeded"
+    (pid,) = Mark.objects.filter(job="lab_hold").values_list("pid", flat=True)
+    assert f":{pid}:" in holders[0][1]
