@@ -38,6 +38,9 @@ from .models import Attempt, Job, Lease, Outcome
 logger = logging.getLogger("fabrika_django.runner")
 
 
+#: Outcomes of a run cut off: ending so with its lease still its own, the run leaves the job pending.
+CUT_OFF = frozenset({Outcome.LEASE_LOST.value, Outcome.CRASHED.value})
+
 _FREE = {"token": None, "holder": "", "run_id": None, "expires": None, "attempt": 0}
 
 
@@ -379,12 +382,17 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float) -> boo
     token, run_id = uuid.uuid4(), uuid.uuid4()
     with framework_write(), transaction.atomic():
         _lock_job(lease.job)
-        # A stale run (its lease taken over) does not speak for the job any more.
-        Job.objects.filter(name=lease.job, last_run_id=lease.run_id).update(**summary)
-        again = again and _is_pending(lease.job)
         mine = Lease.objects.filter(job=lease.job, token=lease.token)
+        # A stale attempt (its lease taken over, maybe by the same run resumed elsewhere) does not speak for the
+        # job any more: only the lease's holder writes the summary.
+        Job.objects.filter(Exists(mine), name=lease.job, last_run_id=lease.run_id).update(**summary)
+        again = again and _is_pending(lease.job)
         if not again:
-            mine.update(**_FREE)
+            freed = mine.update(**_FREE)
+            if freed and outcome in CUT_OFF:
+                # Cut off, and nobody took over: the job must not sit idle with its work left (DESIGN §15).
+                Job.objects.filter(name=lease.job, pending_since__isnull=True).update(pending_since=Now())
+                notify(lease.job)  # PostgreSQL sends it when this transaction commits
             return False
         if not mine.update(token=token, run_id=run_id, attempt=1, expires=_expires(seconds)):
             return False

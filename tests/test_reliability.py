@@ -7,7 +7,9 @@ workers' logs when it does not come.
 import io
 import signal
 import tempfile
+import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,7 +50,6 @@ def _started(worker):
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: a run that ends lease_lost with nobody taking over leaves no pending")
 def test_a_run_cut_off_by_a_frozen_worker_leaves_the_job_pending_and_its_rows_get_done():
     Item.objects.bulk_create([Item(n=n, due=_past()) for n in range(300)])
     worker = WorkerProcess("--only", "lab_items", LAB_ITEM_SECONDS=0.02, **SHORT)
@@ -80,6 +81,42 @@ def test_a_run_cut_off_by_a_frozen_worker_leaves_the_job_pending_and_its_rows_ge
     assert Item.objects.waiting().count() <= 50
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_takeover_that_finds_the_holder_back_coalesces_and_leaves_the_job_pending(monkeypatch):
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+
+    from fabrika_django import runner
+    from fabrika_django.worker import Worker
+
+    runner.sync_jobs(["lab_items"])
+    # The holder renewed after all, between the worker's scan (which saw its lease expired) and the takeover.
+    Lease.objects.filter(job="lab_items").update(
+        token=uuid.uuid4(), holder="back:1:1", run_id=uuid.uuid4(), attempt=1, expires=Now() + timedelta(minutes=1)
+    )
+    scan = Worker._read_states
+
+    def seen_expired(worker):
+        states = scan(worker)
+        states["lab_items"].update(held=False, orphaned=True)
+        return states
+
+    monkeypatch.setattr(Worker, "_read_states", seen_expired)
+    worker = Worker(install_signals=False, only=["lab_items"])
+    thread = threading.Thread(target=worker.run)
+    with override_settings(FABRIKA={**django_settings.FABRIKA, "POLL_INTERVAL": 0.05}):
+        thread.start()
+        try:
+            wait_until(
+                lambda: Job.objects.filter(name="lab_items", pending_since__isnull=False).exists(),
+                what="the coalesced takeover's pending flag",
+            )
+        finally:
+            worker.stop()
+            thread.join(30)
+    assert Lease.objects.get(job="lab_items").holder == "back:1:1"
+
+
 # -- 2. a poison row kills only itself ------------------------------------------------------------------
 
 
@@ -109,7 +146,6 @@ def test_a_poison_row_inside_ctx_row_is_the_only_dead_row(fabrika_clock):
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: an attempt ended by a connection cut is recorded crashed")
 def test_an_attempt_failed_by_a_connection_cut_is_recorded_as_it_ended_not_as_crashed():
     worker = WorkerProcess("--only", "lab_reader", FABRIKA_POLL_INTERVAL=0.2)
     try:
@@ -137,7 +173,6 @@ def test_an_attempt_failed_by_a_connection_cut_is_recorded_as_it_ended_not_as_cr
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: a stale attempt's end writes the job's summary")
 def test_a_stale_attempt_ending_after_a_takeover_leaves_the_summary_to_the_run_that_goes_on():
     Item.objects.bulk_create([Item(n=n, due=_past()) for n in range(1000)])
     env = dict(SHORT, LAB_ITEM_SECONDS=0.05)
@@ -177,7 +212,6 @@ def test_a_stale_attempt_ending_after_a_takeover_leaves_the_summary_to_the_run_t
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="issue 11: run names the trailing re-run")
 def test_run_command_names_the_run_that_did_the_work_not_the_rerun_for_a_kick_during_it():
     proc = start_manage("fabrika_job", "run", "lab_slow", LAB_SLOW_SECONDS=2)
     try:
