@@ -8,7 +8,7 @@ from django.db.models import F
 
 from fabrika_django import EmailDeliveryError, cron
 
-from .models import Item, Mark
+from .models import Effect, Item, Mark
 
 
 def _mark(ctx, note):
@@ -103,3 +103,24 @@ def lab_hold(ctx):
             with open(target, "a") as out:
                 out.write(f"{os.getpid()}\n")
             ctx.signal.wait(float(os.environ.get("LAB_HOLD_SECONDS", "60")))
+
+
+#: The ``n`` of a poison Item: lab_chaos raises on it, inside ctx.row.
+POISON = 999_999
+
+
+@cron(None, retries=3, timeout=timedelta(minutes=10))
+def lab_chaos(ctx):
+    """Claims Item rows and makes one Effect per row with its finish (bench/chaos.py); a poison row raises."""
+    pause = float(os.environ.get("LAB_ITEM_SECONDS", "0"))
+    while rows := Item.objects.claim(limit=50):
+        for row in rows:
+            with ctx.row(row, step="effect"):
+                ctx.signal.throw_if_aborted()
+                if row.n == POISON:
+                    raise ValueError("poison")
+                with ctx.transaction():
+                    Effect.objects.create(item=row.pk, pid=os.getpid())
+                    row.finish()
+            if pause:
+                time.sleep(pause)

@@ -27,3 +27,14 @@ class Item(QueueModel):
 
     def __str__(self) -> str:
         return f"Item {self.pk}"
+
+
+class Effect(models.Model):
+    """The one external effect a chaos run makes per Item: the unique key turns a second one into an error."""
+
+    item = models.BigIntegerField(unique=True)
+    pid = models.IntegerField(default=0)
+    at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Effect of item {self.item}"
