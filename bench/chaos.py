@@ -38,7 +38,7 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_chaos"
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
-ITEM_SECONDS = 0.003  # a row's own work, so a 20,000-row drain outlasts 20 kills
+ITEM_SECONDS = 0.001  # a row's own work besides its transaction
 
 
 class Worker:
@@ -55,6 +55,7 @@ class Worker:
             FABRIKA_LOG_LEVEL="INFO",
             LAB_ITEM_SECONDS=str(ITEM_SECONDS),
             PYTHONUNBUFFERED="1",
+            PYTHONFAULTHANDLER="1",  # a worker that hangs is sent SIGABRT and writes every thread's stack
         )
         environ.update({key: str(value) for key, value in env.items()})
         self.proc = subprocess.Popen(
@@ -87,10 +88,11 @@ class Lab:
         self.deadline = deadline
         self.workers: list[Worker] = []
 
-    def worker(self, **env: object) -> Worker:
+    def worker(self, *, wait: bool = True, **env: object) -> Worker:
         worker = Worker(self.url, **env)
         self.workers.append(worker)
-        self.wait(worker.started, f"worker {worker.pid} to start", 60)
+        if wait:
+            self.wait(worker.started, f"worker {worker.pid} to start", 60)
         return worker
 
     def wait(self, predicate, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
@@ -100,8 +102,32 @@ class Lab:
             if value:
                 return value
             if time.monotonic() > limit:
+                what = what() if callable(what) else what
+                self.post_mortem()
                 raise SystemExit(f"chaos: gave up waiting for {what} (the bench's time ran out or it hung)")
             time.sleep(0.02)
+
+    def post_mortem(self) -> None:
+        """Print the sessions that are not idle, then the live workers' stacks (SIGABRT) and log tails."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), left(query, 200) "
+                "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND state <> 'idle'"
+            )
+            for row in cursor.fetchall():
+                out(f"session {row!r}")
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGCONT)
+                worker.proc.send_signal(signal.SIGABRT)
+                try:
+                    worker.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+                out(f"--- worker {worker.pid}\n{worker.output()[-6000:]}")
 
     def end_all(self) -> None:
         for worker in self.workers:
@@ -160,7 +186,11 @@ def _settle(lab: Lab) -> None:
         return not Lease.objects.filter(job="lab_chaos", token__isnull=False).exists()
 
     for _ in range(12):
-        lab.wait(lambda: not Item.objects.due_now().exists() and idle(), "the drain to end", 180)
+        lab.wait(
+            lambda: not Item.objects.due_now().exists() and idle(),
+            lambda: f"the drain to end ({Item.objects.due_now().count()} rows due)",
+            300,
+        )
         if not Item.objects.waiting().exists():
             return
         Item.objects.waiting().update(due=timezone.now())
@@ -259,7 +289,7 @@ def kills(lab: Lab, rows: int, count: int) -> dict:
             return False
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(30)
-        workers[workers.index(victim)] = lab.worker()
+        workers[workers.index(victim)] = lab.worker(wait=False)  # two workers again, once it has started
         return True
 
     return _drain_under(lab, "SIGKILL the holder", rows, count, kill_holder)
@@ -316,18 +346,24 @@ def poison(lab: Lab) -> dict:
 # --- main ----------------------------------------------------------------------------------------------
 
 
-def _print(results: list[dict], doubles: int) -> None:
+def _header() -> None:
     out(f"LEASE_SECONDS={LEASE_SECONDS} POLL_INTERVAL={POLL_INTERVAL}s target stall <= {LEASE_SECONDS + POLL_INTERVAL}s"
         " (+ the start of a run)")  # fmt: skip
     out(f"{'experiment':32} {'rows':>6} {'lost':>5} {'stall s':>8} {'recover s (median / max)':>26} {'dead':>5}"
         f" {'crashed':>8}")  # fmt: skip
-    for result in results:
-        recover = result["recover"]
-        spans = f"{statistics.median(recover):.2f} / {max(recover):.2f}" if recover else "-"
-        out(
-            f"{result['experiment']:32} {result['rows']:>6} {result['lost']:>5} {result['stall']:>8.2f} "
-            f"{spans:>26} {result['dead']:>5} {result['crashed']:>8}"
-        )
+
+
+def _line(result: dict) -> None:
+    recover = result["recover"]
+    spans = f"{statistics.median(recover):.2f} / {max(recover):.2f}" if recover else "-"
+    out(
+        f"{result['experiment']:32} {result['rows']:>6} {result['lost']:>5} {result['stall']:>8.2f} "
+        f"{spans:>26} {result['dead']:>5} {result['crashed']:>8}"
+    )
+    sys.stdout.flush()
+
+
+def _footer(results: list[dict], doubles: int) -> None:
     for result in results:
         if result.get("outcomes"):
             out(f"  {result['experiment']}: attempts {result['outcomes']}")
@@ -343,28 +379,35 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--cuts", type=int, default=10)
     parser.add_argument("--freezes", type=int, default=3)
-    parser.add_argument("--minutes", type=float, default=8.0, help="give up after this long")
+    parser.add_argument("--minutes", type=float, default=10.0, help="give up after this long")
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs and print their paths")
     args = parser.parse_args()
     create_database(args.database_url)
     setup_django(args.database_url, lab=True)
     lab = Lab(args.database_url, time.monotonic() + args.minutes * 60)
     started = time.monotonic()
-    results = []
+    results: list[dict] = []
+    experiments = [
+        lambda: kills(lab, args.rows, args.kills),
+        lambda: cuts(lab, max(2_000, args.rows // 4), args.cuts),
+        lambda: freeze(lab, args.freezes),
+        lambda: poison(lab),
+    ]
+    _header()
     try:
-        results.append(kills(lab, args.rows, args.kills))
-        results.append(cuts(lab, max(2_000, args.rows // 4), args.cuts))
-        results.append(freeze(lab, args.freezes))
-        results.append(poison(lab))
+        for experiment in experiments:
+            results.append(experiment())
+            _line(results[-1])
     finally:
         lab.end_all()
-    _print(results, lab.doubles())
-    out(f"poison rows dead: {results[-1]['poison_dead']}; took {time.monotonic() - started:.0f}s")
-    for worker in lab.workers:
-        if args.keep_logs:
-            out(f"log of worker {worker.pid}: {worker.log.name}")
-        else:
-            os.unlink(worker.log.name)
+        _footer(results, lab.doubles())
+        poisoned = results[-1].get("poison_dead") if results else None
+        out(f"poison rows dead (n): {poisoned}; took {time.monotonic() - started:.0f}s")
+        for worker in lab.workers:
+            if args.keep_logs:
+                out(f"log of worker {worker.pid}: {worker.log.name}")
+            else:
+                os.unlink(worker.log.name)
 
 
 if __name__ == "__main__":
