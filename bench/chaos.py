@@ -15,7 +15,8 @@ effects, or from a freeze to the takeover's start), the time to recover after ea
 effect), and dead rows. Targets: 0 lost, 0 doubled, stalls within LEASE_SECONDS + one poll (plus the start
 of a run), exactly one dead row for the one poison row.
 
-It uses its own database, ``fabrika_chaos`` (``--database-url``), whose lab tables it empties.
+It uses its own database, ``fabrika_chaos`` (``--database-url``), whose lab tables it empties, and whose sessions
+commit without waiting for the WAL flush (no experiment crashes the server).
 """
 
 from __future__ import annotations
@@ -343,6 +344,19 @@ def poison(lab: Lab) -> dict:
             "dead": dead, "crashed": 0, "poison_dead": list(poisoned)}  # fmt: skip
 
 
+def _commit_without_flush(url: str) -> None:
+    """Sessions of the chaos database commit without waiting for the WAL flush (``synchronous_commit=off``).
+
+    No experiment crashes the server, so durability is not what is measured; on a shared machine whose disk
+    is busy, a commit waiting for its flush stalled every worker for seconds and hid the stalls that are ours.
+    """
+    import psycopg
+
+    base, name = url.rsplit("/", 1)
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit TO off')
+
+
 # --- main ----------------------------------------------------------------------------------------------
 
 
@@ -383,6 +397,7 @@ def main() -> None:
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs and print their paths")
     args = parser.parse_args()
     create_database(args.database_url)
+    _commit_without_flush(args.database_url)
     setup_django(args.database_url, lab=True)
     lab = Lab(args.database_url, time.monotonic() + args.minutes * 60)
     started = time.monotonic()
