@@ -168,6 +168,55 @@ def test_an_attempt_failed_by_a_connection_cut_is_recorded_as_it_ended_not_as_cr
     assert (attempt.outcome, attempt.error_class.rsplit(".", 1)[-1]) == ("handler_failed", "OperationalError")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_whose_end_cannot_be_written_keeps_its_outcome_until_the_database_is_back(monkeypatch):
+    from django.conf import settings as django_settings
+    from django.db import OperationalError
+    from django.test import override_settings
+
+    from fabrika_django import _jobstate
+    from fabrika_django.worker import Worker
+
+    # The database is away for the attempt's end (its first write and the retry on a new connection) and for
+    # the run's end; it is back for the worker's next scan.
+    failures = {"end_attempt": 2, "end_run": 1}
+
+    def away(name):
+        real = getattr(_jobstate, name)
+
+        def write(*args, **kwargs):
+            if failures[name]:
+                failures[name] -= 1
+                raise OperationalError("server closed the connection unexpectedly")
+            return real(*args, **kwargs)
+
+        return write
+
+    for name in failures:
+        monkeypatch.setattr(_jobstate, name, away(name))
+
+    def fails_on_its_own(ctx):
+        raise ValueError("the handler's own failure")
+
+    def first_attempt():
+        return Attempt.objects.filter(job="fails_on_its_own").order_by("started", "id").first()
+
+    with temporary_job(fails_on_its_own):
+        worker = Worker(install_signals=False, only=["fails_on_its_own"])
+        thread = threading.Thread(target=worker.run)
+        with override_settings(FABRIKA={**django_settings.FABRIKA, "POLL_INTERVAL": 0.05}):
+            thread.start()
+            try:
+                kick("fails_on_its_own")
+                wait_until(lambda: first_attempt() and first_attempt().outcome != "running", what="the first end")
+            finally:
+                worker.stop()
+                thread.join(30)
+    attempt = first_attempt()
+    assert (attempt.outcome, attempt.error_class.rsplit(".", 1)[-1]) == ("handler_failed", "ValueError")
+    assert failures == {"end_attempt": 0, "end_run": 0}
+
+
 # -- 4. a stale attempt's end leaves the job's summary alone -------------------------------------------
 
 
