@@ -122,7 +122,9 @@ def _fresh_mariadb(url: str) -> None:
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
     admin = MySQLdb.connect(
-        host=parts.hostname or "127.0.0.1", port=parts.port or 3306, user=parts.username or "root",
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=parts.username or "root",
         password=parts.password or "",
     )
     try:

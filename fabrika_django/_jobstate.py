@@ -37,6 +37,9 @@ from .models import Attempt, Job, Lease, Outcome
 logger = logging.getLogger("fabrika_django.runner")
 
 
+#: Outcomes of a run cut off: ending so with its lease still its own, the run leaves the job pending.
+CUT_OFF = frozenset({Outcome.LEASE_LOST.value, Outcome.CRASHED.value})
+
 _FREE = {"token": None, "holder": "", "run_id": None, "expires": None, "attempt": 0}
 
 
@@ -307,6 +310,8 @@ def _start_under_job_lock(start: Start) -> Started | None:
     if resumed:
         run_id, attempt = previous["run_id"], previous["attempt"] + 1
         trigger = Job.objects.filter(name=name).values_list("last_trigger", flat=True).first() or trigger
+    if previous.get("token"):
+        _end_frozen_fences(name)  # else the takeover below waits for a frozen holder's fenced transaction
     taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), job=name).update(
         token=start.token, holder=start.holder, run_id=run_id, attempt=attempt, expires=_expires(start.seconds)
     )
@@ -329,6 +334,56 @@ def _start_under_job_lock(start: Start) -> Started | None:
 
 def _expires(seconds: float) -> Any:
     return Now() + Value(timedelta(seconds=seconds))
+
+
+# -- a holder frozen inside a fenced transaction ---------------------------------------------------------
+#
+# The fence locks the lease row (FOR KEY SHARE) for the whole of a fenced transaction, so a takeover, which
+# changes the row's unique token, waits for that transaction to end: a stale attempt never commits after its
+# replacement started. A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends it, and the
+# takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease).
+#
+# So on PostgreSQL each fenced transaction also takes a shared advisory lock named after its job, in the same
+# statement as the row lock: it names the sessions that hold the job's fence, which a row lock does not (row
+# locks show in pg_locks only while someone waits for them). A takeover of an *expired* lease ends those
+# sessions (pg_terminate_backend) before it takes the row: their transactions roll back, which the fence would
+# have done at their commit anyway, since an attempt whose lease expired may not commit. A live holder keeps
+# renewing, so its lease never expires and its transactions are never touched. The key is (FENCE_LOCK_CLASS,
+# hashtext(job)); two job names with the same 32-bit hash only make one's takeover end the other's fenced
+# transaction while the first's lease is expired: a retry.
+
+#: The fence's advisory lock's first key: "fabr" in ASCII, apart from an application's own keys.
+FENCE_LOCK_CLASS = 0x66616272
+
+
+def _fence_mark_sql(job_column: str) -> str:
+    """The select-list expression the fence's lock statement adds on PostgreSQL (see above)."""
+    return f"pg_advisory_xact_lock_shared({FENCE_LOCK_CLASS}, hashtext({job_column}))"
+
+
+def _end_frozen_fences(name: str) -> int:
+    """End the sessions holding fenced transactions under ``name``'s lease if it expired; return how many.
+
+    Runs in the takeover's transaction (under the Job row's lock), just before it takes the lease row.
+    """
+    connection = default_connection
+    if connection.vendor != "postgresql":
+        return 0
+    lease = connection.ops.quote_name(Lease._meta.db_table)
+    sql = (
+        "SELECT count(pg_terminate_backend(locks.pid)) FROM pg_locks AS locks "  # noqa: S608  quoted name
+        f"WHERE locks.locktype = 'advisory' AND locks.classid = {FENCE_LOCK_CLASS} "
+        "AND locks.objid = hashtext(%s)::oid AND locks.objsubid = 2 AND locks.granted "
+        "AND locks.pid <> pg_backend_pid() "
+        f"AND EXISTS (SELECT 1 FROM {lease} WHERE job = %s AND token IS NOT NULL AND expires < now())"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [name, name])
+        row = cursor.fetchone()
+    ended = int(row[0]) if row else 0
+    if ended:
+        logger.warning("Ended the fenced transactions of a frozen holder job=%s sessions=%d", name, ended)
+    return ended
 
 
 # -- during a run ---------------------------------------------------------------------------------------
@@ -376,12 +431,17 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float) -> boo
     token, run_id = uuid.uuid4(), uuid.uuid4()
     with framework_write(), transaction.atomic():
         _lock_job(lease.job)
-        # A stale run (its lease taken over) does not speak for the job any more.
-        Job.objects.filter(name=lease.job, last_run_id=lease.run_id).update(**summary)
-        again = again and _is_pending(lease.job)
         mine = Lease.objects.filter(job=lease.job, token=lease.token)
+        # A stale attempt (its lease taken over, maybe by the same run resumed elsewhere) does not speak for the
+        # job any more: only the lease's holder writes the summary.
+        Job.objects.filter(Exists(mine), name=lease.job, last_run_id=lease.run_id).update(**summary)
+        again = again and _is_pending(lease.job)
         if not again:
-            mine.update(**_FREE)
+            freed = mine.update(**_FREE)
+            if freed and outcome in CUT_OFF:
+                # Cut off, and nobody took over: the job must not sit idle with its work left (DESIGN §15).
+                Job.objects.filter(name=lease.job, pending_since__isnull=True).update(pending_since=Now())
+                notify(lease.job)  # PostgreSQL sends it when this transaction commits
             return False
         if not mine.update(token=token, run_id=run_id, attempt=1, expires=_expires(seconds)):
             return False
@@ -431,8 +491,10 @@ def hold_lease_sql(connection: Any) -> str:
         # the index, so it does not. The job is compared in the answer, not the WHERE, which would let the
         # optimizer pick the primary key and lock the row. A locking read is a current read at any isolation.
         return f"SELECT job = %s FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
-    lock = "FOR KEY SHARE" if connection.vendor == "postgresql" else "FOR UPDATE"
-    return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s {lock}"  # noqa: S608  quoted name
+    if connection.vendor == "postgresql":
+        # The advisory lock names this session as a holder of the job's fence (see _end_frozen_fences).
+        return f"SELECT {_fence_mark_sql('job')} FROM {table} WHERE job = %s AND token = %s FOR KEY SHARE"  # noqa: S608
+    return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
 
 
 # -- the worker's scan and fires --------------------------------------------------------------------------

@@ -39,6 +39,8 @@ class ActiveRun:
     #: Each database alias's depth of atomic blocks when the run began in this thread (a TestCase's own
     #: blocks, under the test kit): a claim deeper than that is inside a transaction the handler opened.
     atomic_depths: dict[str, int] = field(default_factory=dict, repr=False)
+    #: (database alias, queue label) of each table the run claimed from: remembered when the run ends here.
+    claimed: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     def opened_atomic(self, alias: str) -> bool:
         """Return whether the handler has an atomic block of its own open on ``alias``."""
@@ -62,7 +64,13 @@ def running(run: ActiveRun) -> Iterator[ActiveRun]:
     try:
         yield run
     finally:
-        _local.run = previous
+        try:
+            if run.claimed:
+                from ._claimers import remember_claims
+
+                remember_claims(run.job.name, run.claimed)
+        finally:
+            _local.run = previous
 
 
 @contextmanager

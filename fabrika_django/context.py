@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Executor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -159,6 +159,20 @@ class JobContext:
         from ._pool import RunExecutor
 
         return RunExecutor(self, max_workers)
+
+    def row(self, row: Any, step: str, *, give_up: bool = False) -> AbstractContextManager[Any]:
+        """One claimed row's work: an exception inside is the row's failure, not the attempt's.
+
+        ``with ctx.row(row, step="send"): ...`` — an exception raised inside (other than the attempt's abort and
+        a broken framework rule, which propagate) records ``step`` as the row's ``last_failure`` in a fenced
+        transaction of its own, is logged with the row's id, the step and the exception's class (never its
+        message), and is suppressed, so the run goes on with the next row. The claim's backoff brings the row
+        back; with ``give_up=True``, or for an ``EmailDeliveryError`` that ``ctx.mail.may_retry`` refuses, the
+        row is dead at once. Open it outside ``ctx.transaction()``, and the row's transaction inside it.
+        """
+        from ._rowwork import row_work
+
+        return row_work(self, row, step, give_up)
 
     def kick(self, name: str) -> None:
         """Kick a job declared in this job's ``kicks``; inside ctx.transaction() it goes out on commit."""

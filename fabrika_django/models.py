@@ -274,6 +274,21 @@ class Attempt(models.Model):
         return self.finished - self.started if self.finished else None
 
 
+class Claimer(models.Model):
+    """A job that claimed rows of a queue table (at least once): a requeue of that table kicks it."""
+
+    queue = models.CharField(_("queue"), max_length=200, help_text=_("app_label.Model"))
+    job = models.CharField(_("job"), max_length=100)
+
+    class Meta:
+        verbose_name = _("claimer")
+        verbose_name_plural = _("claimers")
+        constraints = [models.UniqueConstraint(fields=["queue", "job"], name="fabrika_claimer_queue_job")]
+
+    def __str__(self) -> str:
+        return f"{self.job} claims {self.queue}"
+
+
 class SentMail(models.Model):
     """The idempotency ledger of ``ctx.mail``: one row per key, with a hash of what was sent under it.
 

@@ -82,6 +82,7 @@ class QueueQuerySet(models.QuerySet[_M]):
             )
         connection = connections[using]
         now = run.now()
+        run.claimed.add((using, self.model._meta.label))  # a requeue of this table kicks the job (_claimers)
         # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
         rows_qs = self.using(using).due_now(now).filter(where or Q()).order_by(*self._claim_order).defer("due")
         with framework_write(), transaction.atomic(using=using):

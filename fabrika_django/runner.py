@@ -15,7 +15,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connection as default_connection
@@ -91,7 +91,8 @@ def run(
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
     seconds between them (a short growing pause by default). When the job was kicked during the run, it
-    runs once more before the lease is released. ``mark_pending=False`` (a worker serving the pending
+    runs once more before the lease is released; the result is still the first run's (``runs`` counts all).
+    ``mark_pending=False`` (a worker serving the pending
     flag) leaves the flag as it is when another run is active: that run started after the flag was set,
     or sees it when it ends. ``after_inline_attempt`` is called after each attempt run inline on the
     caller's connection (the test kit's, to keep its transaction usable).
@@ -116,6 +117,7 @@ def run(
         return RunResult(job=job.name, outcome="coalesced")
     held = _Held(lease, valid_until(sent, seconds))
     runs = 0
+    first: RunResult | None = None
     while True:
         runs += 1
         result = _run_attempts(
@@ -128,11 +130,13 @@ def run(
             pause=pause or _default_pause,
             after_inline_attempt=after_inline_attempt,
         )
-        result.runs = runs
+        first = first or result
+        first.runs = runs
         stopping = result.outcome in _STOP_OUTCOMES or (stop is not None and stop.is_set())
         sent = time.monotonic()
         if not _jobstate.end_run(held.lease, result.outcome, again=not stopping, seconds=seconds):
-            return result
+            # The run this call started speaks for it; a re-run for kicks during it has its own history.
+            return first
         # Kicked during the run: one more run under the same lease.
         held.valid_until = valid_until(sent, seconds)
 
@@ -265,10 +269,36 @@ def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None)
             outcome,
             type(error).__name__ if error is not None else "-",
         )
-    try:
-        _jobstate.end_attempt(lease, outcome, fields)
-    except Exception:
-        logger.exception("Could not record attempt job=%s run=%s", lease.job, lease.run_id)
+    for retry in (False, True):
+        try:
+            _jobstate.end_attempt(lease, outcome, fields)
+            return
+        except Exception as exc:
+            error_class = type(exc).__name__
+            logger.warning("Could not record attempt job=%s run=%s error=%s", lease.job, lease.run_id, error_class)
+            if retry or default_connection.in_atomic_block:
+                break
+            # A cut connection: one more try on a new one (the run's end needs it anyway).
+            default_connection.close_if_unusable_or_obsolete()
+    # The database is away: keep the outcome; the worker writes it once the database is back, before it marks
+    # what is still running as crashed.
+    with _kept_lock:
+        _kept.append((replace(lease), outcome, fields))  # a copy: the next attempt moves the lease's attempt_id
+
+
+# Attempts whose end could not be written (see _record): (lease, outcome, fields).
+_kept: list[tuple[_jobstate.Started, str, dict[str, str]]] = []
+_kept_lock = threading.Lock()
+
+
+def record_kept_outcomes() -> None:
+    """Write the ends of attempts that ended while the database was away (a worker's scan, once it is back)."""
+    with _kept_lock:
+        kept = list(_kept)
+    for item in kept:
+        _jobstate.end_attempt(*item)
+        with _kept_lock:
+            _kept.remove(item)
 
 
 __all__ = ["RunResult", "run", "sync_jobs"]

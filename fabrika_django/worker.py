@@ -234,7 +234,9 @@ class Worker:
             if name in self._running:
                 continue
             # Pending under a live lease: its holder runs it once more when it ends.
-            if (state["pending"] and not state["held"]) or state["orphaned"]:
+            if state["orphaned"]:
+                self._dispatch(name, _TAKEOVER)
+            elif state["pending"] and not state["held"]:
                 self._dispatch(name, "kick")
 
     def _release_orphans(self) -> None:
@@ -243,6 +245,7 @@ class Worker:
         Such a run is over (runner.run raised), so nothing of this worker works under its lease: without
         this, the job would wait for the lease to expire.
         """
+        runner.record_kept_outcomes()  # the real outcomes first: what is still running after them crashed
         for name, holder in list(self._orphans.items()):
             freed = _jobstate.release(name, holder)
             if freed:
@@ -294,9 +297,11 @@ class Worker:
         try:
             # A kick's run serves the pending flag: if another worker's run won the race for the lease, it
             # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
+            # A takeover that finds the lease renewed after all (its holder came back) coalesces and leaves the
+            # job pending, as a fire does: the holder's run may have been cut off meanwhile.
             result = runner.run(
                 self.jobs[name],
-                trigger,
+                "kick" if trigger == _TAKEOVER else trigger,
                 stop=self._stop,
                 holder=holder,
                 clock=self._clock,
@@ -344,6 +349,8 @@ class Worker:
 
 
 _TICK = timedelta(microseconds=1)
+#: The dispatch of a job whose lease expired with a token: run as a kick that marks the job pending if it loses.
+_TAKEOVER = "takeover"
 
 
 def _close_quietly() -> None:

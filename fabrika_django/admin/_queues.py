@@ -18,6 +18,7 @@ from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .._claimers import kick_claimers
 from .._queuestate import STATES, row_state_at, state_q
 from ..exceptions import VersionConflict
 
@@ -153,12 +154,16 @@ class QueueModelAdminMixin(_AdminBase):
 
     def _report(self, request: HttpRequest, requeued: int, conflicted: list[str], skipped: int) -> None:
         opts = self.model._meta
-        self.message_user(
-            request,
-            ngettext("Requeued %(count)d %(name)s.", "Requeued %(count)d %(plural)s.", requeued)
-            % {"count": requeued, "name": opts.verbose_name, "plural": opts.verbose_name_plural},
-            messages.SUCCESS if requeued else messages.INFO,
-        )
+        message = ngettext("Requeued %(count)d %(name)s.", "Requeued %(count)d %(plural)s.", requeued) % {
+            "count": requeued,
+            "name": opts.verbose_name,
+            "plural": opts.verbose_name_plural,
+        }
+        # A requeued row is due now: the jobs that claim this table run within seconds, not at their next fire.
+        kicked = kick_claimers(self.model) if requeued else []
+        if kicked:
+            message += " " + str(_("Kicked %(jobs)s.") % {"jobs": ", ".join(kicked)})
+        self.message_user(request, message, messages.SUCCESS if requeued else messages.INFO)
         if conflicted:
             self.message_user(
                 request,

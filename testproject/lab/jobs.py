@@ -8,7 +8,7 @@ from django.db.models import F
 
 from fabrika_django import EmailDeliveryError, cron
 
-from .models import Item, Mark
+from .models import Effect, Item, Mark
 
 
 def _mark(ctx, note):
@@ -89,3 +89,44 @@ def lab_mail(ctx):
         _mark(ctx, f"{error.code}:{error.outcome}:{ctx.mail.may_retry(error)}")
     else:
         _mark(ctx, "accepted")
+
+
+@cron(None, timeout=timedelta(seconds=120))
+def lab_reader(ctx):
+    """Marks its start, then reads the Mark table until aborted: a cut connection makes it raise."""
+    _mark(ctx, "start")
+    while not ctx.signal.wait(0.05):
+        Mark.objects.filter(note="go").exists()
+
+
+@cron(None, retries=1, timeout=timedelta(seconds=120))
+def lab_hold(ctx):
+    """Marks its start inside ctx.transaction(); with LAB_HOLD_FILE set it writes its pid there and stays inside."""
+    target = os.environ.get("LAB_HOLD_FILE")
+    with ctx.transaction():
+        Mark.objects.create(job=ctx.job.name, note="start", pid=os.getpid(), attempt=ctx.attempt)
+        if target:
+            with open(target, "a") as out:
+                out.write(f"{os.getpid()}\n")
+            ctx.signal.wait(float(os.environ.get("LAB_HOLD_SECONDS", "60")))
+
+
+#: The ``n`` of a poison Item: lab_chaos raises on it, inside ctx.row.
+POISON = 999_999
+
+
+@cron(None, retries=3, timeout=timedelta(minutes=10))
+def lab_chaos(ctx):
+    """Claims Item rows and makes one Effect per row with its finish (bench/chaos.py); a poison row raises."""
+    pause = float(os.environ.get("LAB_ITEM_SECONDS", "0"))
+    while rows := Item.objects.claim(limit=50):
+        for row in rows:
+            with ctx.row(row, step="effect"):
+                ctx.signal.throw_if_aborted()
+                if row.n == POISON:
+                    raise ValueError("poison")
+                with ctx.transaction():
+                    Effect.objects.create(item=row.pk, pid=os.getpid())
+                    row.finish()
+            if pause:
+                time.sleep(pause)

@@ -38,3 +38,14 @@ class Document(models.Model):
 
     def __str__(self) -> str:
         return f"Document {self.pk}"
+
+
+class Effect(models.Model):
+    """The one external effect a chaos run makes per Item: the unique key turns a second one into an error."""
+
+    item = models.BigIntegerField(unique=True)
+    pid = models.IntegerField(default=0)
+    at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Effect of item {self.item}"

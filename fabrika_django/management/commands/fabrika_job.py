@@ -241,6 +241,8 @@ class Command(BaseCommand):
     # -- requeue -----------------------------------------------------------------------------------
 
     def _handle_requeue(self, *, model: str, dead: bool, ids: list[str] | None, **options: Any) -> None:
+        from fabrika_django._claimers import kick_claimers
+
         try:
             queue_model = apps.get_model(model)
         except (LookupError, ValueError):
@@ -275,7 +277,9 @@ class Command(BaseCommand):
             else:
                 requeued += 1
         label = queue_model._meta.label
-        self.stdout.write(f"Requeued {requeued} row{'' if requeued == 1 else 's'} of {label}.")
+        kicked = kick_claimers(queue_model) if requeued else []
+        kicks = f" Kicked {', '.join(kicked)}." if kicked else ""
+        self.stdout.write(f"Requeued {requeued} row{'' if requeued == 1 else 's'} of {label}.{kicks}")
         if conflicts:
             raise CommandError(
                 f"{label} {', '.join(conflicts)} changed while being requeued and were left as they are: "
