@@ -13,6 +13,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   E034 ``OWN_MAIL_SENDER`` that does not import to a callable
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
+- W054 (``--deploy``, PostgreSQL) a queue table whose dead tuples vacuum has not removed: its autovacuum settings
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
+from . import _health
 from .conf import DEFAULTS
 from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
 from .schedule import Schedule, normalize
@@ -257,7 +259,13 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),
+    "METRICS_TOKEN": (
+        lambda v: v is None or isinstance(v, str) and len(v) >= 32,
+        "None, or a random string of 32 characters or more (e.g. from secrets.token_urlsafe())",
+    ),
 }
+#: Settings whose value a message never quotes.
+_SECRET_KEYS = frozenset({"METRICS_TOKEN"})
 
 
 @checks.register("fabrika")
@@ -302,7 +310,8 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         if rule is not None and not rule[0](configured[key]):
             errors.append(
                 checks.Error(
-                    f"Setting FABRIKA[{key!r}] is {configured[key]!r}, which is not valid.",
+                    f"Setting FABRIKA[{key!r}] is "
+                    f"{'a value' if key in _SECRET_KEYS else repr(configured[key])}, which is not valid.",
                     hint=f"Give {rule[1]}.",
                     id="fabrika.E032",
                 )
@@ -337,4 +346,22 @@ def _check_own_mail_sender(path: object) -> list[checks.CheckMessage]:
             hint="Name a function that returns a Django e-mail backend (or None), e.g. 'myapp.mail.sender'.",
             id="fabrika.E034",
         )
+    ]
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def _check_queue_tables_vacuum(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """PostgreSQL, ``check --deploy --database``: a queue table bloated by dead tuples needs autovacuum settings."""
+    if not databases:
+        return []
+    return [
+        checks.Warning(
+            f"Queue table of {finding.queue} is bloated with dead tuples that vacuum has not removed.",
+            hint=finding.advice,
+            obj=finding.queue,
+            id="fabrika.W054",
+        )
+        for finding in _health._queue_bloat(_health.DEFAULT_THRESHOLDS)
     ]

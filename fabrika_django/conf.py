@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "OWN_MAIL_SENDER": None,
     # Hold every job to its declared ``actions``.
     "ENFORCE_ACTIONS": False,
+    # A bearer token that lets a scraper read fabrika_django.metrics.view without a staff session (None: staff only).
+    "METRICS_TOKEN": None,
 }
 
 

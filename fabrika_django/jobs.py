@@ -193,16 +193,34 @@ _PRUNE_BATCH = 1000
 
 @cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
 def prune_history(ctx: JobContext) -> None:
-    """Delete attempt history older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
-    from . import _jobstate  # it imports the models: this module is imported before the app registry is ready
+    """Delete attempt history and queue samples older than ``RUN_HISTORY_DAYS``, in bounded batches, oldest first."""
+    # Both import the models: this module is imported before the app registry is ready.
+    from . import _history, _jobstate
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
-    pruned = 0
+    pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
+    samples = _in_batches(ctx, lambda: _history.prune_samples(cutoff, _PRUNE_BATCH))
+    ctx.log.debug("Pruned attempts=%d samples=%d older_than_days=%d", pruned, samples, settings.RUN_HISTORY_DAYS)
+
+
+def _in_batches(ctx: JobContext, delete_batch: Callable[[], int]) -> int:
+    """Call ``delete_batch`` in a fenced transaction of its own until it deletes nothing; return the total."""
+    total = 0
     while True:
         ctx.signal.throw_if_aborted()
         with ctx.transaction():
-            deleted = _jobstate.prune_attempts(cutoff, _PRUNE_BATCH)
+            deleted = delete_batch()
         if not deleted:
-            break
-        pruned += deleted
-    ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)
+            return total
+        total += deleted
+
+
+@cron("*/5 * * * *", name="fabrika_sample_queues", timeout=timedelta(minutes=4))
+def sample_queues(ctx: JobContext) -> None:
+    """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health."""
+    from . import _history  # it imports the models, as above
+
+    samples = _history.take_samples(ctx.now())  # counted outside the transaction: it holds only the insert
+    with ctx.transaction():
+        _history.save_samples(samples)
+    ctx.log.debug("Sampled queues=%d", len(samples))

@@ -31,7 +31,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _jobstate, runner
+from . import _jobstate, _metrics, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
@@ -294,14 +294,15 @@ class Worker:
         try:
             # A kick's run serves the pending flag: if another worker's run won the race for the lease, it
             # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
-            result = runner.run(
-                self.jobs[name],
-                trigger,
-                stop=self._stop,
-                holder=holder,
-                clock=self._clock,
-                mark_pending=trigger != "kick",
-            )
+            with _metrics.run_in_progress(name, trigger, holder):
+                result = runner.run(
+                    self.jobs[name],
+                    trigger,
+                    stop=self._stop,
+                    holder=holder,
+                    clock=self._clock,
+                    mark_pending=trigger != "kick",
+                )
             if result.outcome == "shutdown":
                 # Stopped before its end: the other workers take it over at once, not after the lease.
                 request_run(name)
