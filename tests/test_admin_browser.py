@@ -334,9 +334,14 @@ class OverviewChartsInChromiumTests(AdminInChromiumTests):
         self.browser.save_screenshot(str(self.shots / "admin-jobs.png"))
         headers = self.browser.find_elements(By.CSS_SELECTOR, "#result_list thead th")
         self.assertEqual(len(headers), 9)  # the action checkbox and eight columns
+        box = self._css("#changelist .results")
+        edge = box.location["x"] + box.size["width"]
         for header in headers:
-            right = header.location["x"] + header.size["width"]
-            self.assertLessEqual(right, 1280, header.text)
+            self.assertLessEqual(header.location["x"] + header.size["width"], edge, header.text)
+        # Nothing scrolls sideways inside the list either.
+        self.assertLessEqual(
+            self.browser.execute_script("const r = arguments[0]; return r.scrollWidth - r.clientWidth", box), 0
+        )
         for row in self.browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"):
             self.assertLess(row.size["height"], 90, row.text)  # four short lines at most (0.1 wrapped to five)
         row = self.browser.find_element(By.XPATH, "//tr[.//a[text()='mark_overdue']]")

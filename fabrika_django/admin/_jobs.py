@@ -177,7 +177,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             local,
             zone,
             _relative(fire, timezone.now()),
-            fire.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            fire.astimezone(UTC).strftime("%m-%d %H:%M UTC"),  # the year is in the tooltip
         )
 
     @admin.display(description=_("failures"), ordering="failures_in_row")
