@@ -1,12 +1,19 @@
-"""Benchmark the admin overview's counting query on a PostgreSQL queue table of a million rows.
+"""Benchmark the admin overview on PostgreSQL: a million-row queue table, a million history rows.
 
     python -m bench.overview [--url postgres://postgres@127.0.0.1:5432/fabrika_overview] [--rows 1000000]
+        [--history 1000000]
 
 Fills ``lab_item`` (max_attempts 10) with mostly done rows, some waiting (half of them due now) and some
 dead, VACUUM ANALYZEs it, then times the statement ``fabrika_django.admin._overview`` runs per queue table,
 the same counts written the naive way (a FILTER per state over the whole table), and prints
 ``EXPLAIN (ANALYZE, BUFFERS)`` of ours. The table is kept between runs and refilled only when its shape
-differs, so a second run measures at once. A benchmark, not a test: it asserts nothing.
+differs, so a second run measures at once.
+
+Then the whole overview page (health, counts, the 24-hour charts) is rendered in-process on ``--history``
+attempt rows spread over 30 days (the default ``RUN_HISTORY_DAYS``) with 30 days of queue samples, and timed
+against its budget of 300 ms server time, with ``EXPLAIN (ANALYZE, BUFFERS)`` of the charts' statements; and
+the sampling job's work (one counting statement per queue table and the insert) is timed on the million-row
+table against its budget of 50 ms. A benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +62,90 @@ def _fill(cursor, rows: int) -> None:
     out(f"filled {TABLE} with {rows:,} rows {shape} in {time.perf_counter() - started:.1f} s")
 
 
+HISTORY_DAYS = 30
+HISTORY_JOBS = 10
+
+
+def _fill_history(cursor, rows: int) -> None:
+    """``rows`` attempts of ten jobs, evenly over the last 30 days; 5 % failed; plus 30 days of samples."""
+    # Kept while its newest row is under an hour old: the last day then still holds a thirtieth of it.
+    cursor.execute("SELECT count(*), now() - max(started) < interval '1 hour' FROM fabrika_django_attempt")
+    count, fresh = cursor.fetchone()
+    if count == rows and fresh:
+        out(f"fabrika_django_attempt already holds {rows:,} rows of the last {HISTORY_DAYS} days")
+        return
+    started = time.perf_counter()
+    cursor.execute("TRUNCATE fabrika_django_attempt, fabrika_django_queuesample")
+    cursor.execute(
+        "INSERT INTO fabrika_django_attempt (job, run_id, trigger, number, holder, started, finished, outcome, "
+        "error_class, frames, message) "
+        "SELECT 'bench_job_' || (i %% %s), gen_random_uuid(), 'schedule', 1, 'bench', "
+        "  now() - (i * (%s * 86400.0 / %s)) * interval '1 second', "
+        "  now() - (i * (%s * 86400.0 / %s)) * interval '1 second' + (0.05 + (i %% 97) / 20.0) * interval '1 second', "
+        "  CASE WHEN i %% 20 = 0 THEN 'handler_failed' ELSE 'succeeded' END, '', '', '' "
+        "FROM generate_series(1, %s) AS i",
+        [HISTORY_JOBS, HISTORY_DAYS, rows, HISTORY_DAYS, rows, rows],
+    )
+    cursor.execute(
+        "INSERT INTO fabrika_django_queuesample (queue, sampled, waiting, due_now, dead) "
+        "SELECT q, now() - s * interval '5 minutes', 100 + s %% 50, s %% 40, s %% 7 "
+        "FROM unnest(%s::text[]) AS q, generate_series(0, %s) AS s",
+        [_queue_labels(), HISTORY_DAYS * 288],
+    )
+    cursor.execute("VACUUM ANALYZE fabrika_django_attempt")
+    cursor.execute("VACUUM ANALYZE fabrika_django_queuesample")
+    took = time.perf_counter() - started
+    out(f"filled fabrika_django_attempt with {rows:,} rows over {HISTORY_DAYS} days in {took:.1f} s")
+
+
+def _queue_labels() -> list[str]:
+    from fabrika_django._report import queue_models
+
+    return [model._meta.label for model in queue_models()]
+
+
+def _bench_jobs():
+    """Register the ten jobs the history belongs to, so the overview draws each of them."""
+    from datetime import timedelta
+
+    from fabrika_django.jobs import cron, registry
+
+    for number in range(HISTORY_JOBS):
+        name = f"bench_job_{number}"
+        if name not in registry:
+            cron("*/5 * * * *", name=name, timeout=timedelta(minutes=1))(lambda ctx: None)
+
+
+def _render_overview():
+    """Return a function that renders the admin overview page in-process, as a superuser's request."""
+    from django.contrib import admin
+    from django.contrib.auth import get_user_model
+    from django.test import RequestFactory
+
+    from fabrika_django.admin._overview import overview_view
+
+    user = get_user_model().objects.filter(username="bench").first()
+    if user is None:
+        user = get_user_model().objects.create_superuser("bench", "bench@localhost", "bench")
+    view = overview_view(admin.site)
+
+    def render() -> int:
+        request = RequestFactory().get("/admin/fabrika_django/overview/")
+        request.user = user
+        response = view(request)
+        response.render()
+        return len(response.content)
+
+    return render
+
+
+def _explain(cursor, label: str, sql: str, params: list) -> None:
+    cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+    out(f"EXPLAIN (ANALYZE, BUFFERS) of {label}:")
+    for (line,) in cursor.fetchall():
+        out(f"  {line}")
+
+
 def _time(run, repeat: int) -> list[float]:
     run()  # warm: the first execution pays for planning and cold buffers
     times = []
@@ -76,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=20)
     options = parser.parse_args(argv)
     create_database(options.url)
@@ -126,6 +218,50 @@ def main(argv: list[str] | None = None) -> None:
         out("EXPLAIN (ANALYZE, BUFFERS) of the overview's statement:")
         for (line,) in cursor.fetchall():
             out(f"  {line}")
+    out()
+    _bench_sampling(Item, options.repeat)
+    out()
+    _bench_page(options.history, options.repeat)
+
+
+def _bench_sampling(model, repeat: int) -> None:
+    """The sampling job's work: a count per queue table (no done count) and one insert, in a transaction."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from fabrika_django._history import take_samples
+    from fabrika_django.models import QueueSample
+
+    def sample() -> None:
+        with transaction.atomic():
+            QueueSample.objects.bulk_create(take_samples(timezone.now()))
+            transaction.set_rollback(True)  # measured, not kept: the charts' samples stay as filled
+
+    times = _time(sample, repeat)
+    _summary(f"sampling job ({len(_queue_labels())} queue tables, one of 1M rows)", times)
+    out(f"  budget 50 ms: median at {statistics.median(times) / 50:.0%} of it")
+
+
+def _bench_page(history: int, repeat: int) -> None:
+    from django.db import connection
+    from django.utils import timezone
+
+    from fabrika_django._history import hour_slots, hourly_sql
+    from fabrika_django.jobs import registry
+
+    _bench_jobs()
+    with connection.cursor() as cursor:
+        _fill_history(cursor, history)
+    render = _render_overview()
+    size = render()
+    times = _time(render, repeat)
+    _summary(f"overview page ({history:,} attempts, {len(registry)} jobs)", times)
+    out(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs while measured")
+    out(f"  {size:,} bytes of HTML; budget 300 ms: median at {statistics.median(times) / 300:.0%} of it")
+    out()
+    since = hour_slots(timezone.now())[0]
+    with connection.cursor() as cursor:
+        _explain(cursor, "the charts' attempts and durations per job and hour", *hourly_sql(connection, since))
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection as default_connection
 from django.db import connections, router, transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
-from django.db.models.functions import Now
+from django.db.models import Count, Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Now, TruncHour
 from django.utils import timezone
 
 from . import _prepared
@@ -573,3 +573,61 @@ def prune_attempts(cutoff: datetime, batch: int) -> int:
     if not pks:
         return 0
     return int(Attempt.objects.filter(pk__in=pks).delete()[0])
+
+
+# -- what operators read: health, metrics, the overview's charts ----------------------------------------------
+
+
+def expired_leases(now: datetime) -> list[tuple[str, str, datetime | None]]:
+    """Return (job, holder, expires) of each lease with a token whose expiry passed: held by nobody alive."""
+    held = Lease.objects.filter(token__isnull=False, expires__lt=now).order_by("job")
+    return [(job, holder, expires) for job, holder, expires in held.values_list("job", "holder", "expires")]
+
+
+def pending_since(name: str) -> datetime | None:
+    """Return when the job was first kicked without a run serving it yet (None: not pending)."""
+    return Job.objects.filter(name=name).values_list("pending_since", flat=True).first()
+
+
+def first_attempt_started(name: str, holder: str, since: datetime) -> datetime | None:
+    """Return the start of ``holder``'s first attempt of a run of ``name`` that started at ``since`` or later."""
+    started = Attempt.objects.filter(job=name, holder=holder, number=1, started__gte=since).order_by("started")
+    return started.values_list("started", flat=True).first()
+
+
+def attempt_hours_sql(
+    connection: Any, since: datetime, bands: list[str], interrupted: list[str]
+) -> tuple[str, list[Any]]:
+    """PostgreSQL's one statement of the charts (bench/overview.py explains it).
+
+    Per job and hour of the attempts ended since ``since``: how many, how many of each outcome in ``bands``,
+    how many of ``interrupted``, and the duration's p50 and p95 (``percentile_cont``, as ``_history`` computes
+    it elsewhere). Over every job: filtering by name costs more than the rows of jobs no longer registered.
+    """
+    table = connection.ops.quote_name(Attempt._meta.db_table)
+    per_band = ", ".join(["count(*) FILTER (WHERE outcome = %s)"] * len(bands))
+    marks = ", ".join(["%s"] * len(interrupted))
+    sql = (
+        f"SELECT job, date_trunc('hour', started AT TIME ZONE 'UTC'), count(*), {per_band}, "  # noqa: S608
+        f"count(*) FILTER (WHERE outcome IN ({marks})), percentile_cont(ARRAY[0.5, 0.95]) "
+        "WITHIN GROUP (ORDER BY greatest(extract(epoch FROM finished - started), 0)) "
+        f"FROM {table} WHERE started >= %s AND finished IS NOT NULL AND outcome <> %s GROUP BY 1, 2"
+    )
+    return sql, [*bands, *interrupted, since, Outcome.RUNNING.value]
+
+
+def attempt_counts(names: list[str], since: datetime) -> Any:
+    """(job, hour, outcome, count) of the named jobs' attempts ended since ``since``, grouped by the database."""
+    recent = Attempt.objects.filter(started__gte=since, job__in=names).exclude(outcome=Outcome.RUNNING)
+    return (
+        recent.annotate(hour=TruncHour("started", tzinfo=UTC))
+        .values_list("job", "hour", "outcome")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+
+
+def attempt_times(names: list[str], since: datetime) -> Any:
+    """(job, started, finished) of the named jobs' attempts ended since ``since``, read in chunks."""
+    ended = Attempt.objects.filter(started__gte=since, job__in=names, finished__isnull=False)
+    return ended.exclude(outcome=Outcome.RUNNING).values_list("job", "started", "finished").iterator(chunk_size=2000)

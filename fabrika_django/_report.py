@@ -1,4 +1,5 @@
-"""What the admin's overview and ``fabrika_job status`` report: each queue table's counts, each job's state.
+"""What the admin's overview and ``fabrika_job status`` report: each queue table's counts, each job's state,
+and the health findings of ``_health`` (computed from the same counts).
 
 Both read the same data the same way: queue rows counted by the states of ``_queuestate`` (one statement
 per table), jobs read through ``_jobstate.job_states`` (nothing written on a read).
@@ -16,7 +17,7 @@ from django.db import connections, models, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import _jobstate
+from . import _health, _jobstate
 from ._queuestate import NOT_DONE, q_sql, state_sql
 from .jobs import registry
 from .models import QueueModel
@@ -42,14 +43,17 @@ def queue_models() -> list[type[models.Model]]:
     return sorted(found, key=lambda model: model._meta.label)
 
 
-def count_sql(model: type[models.Model], now: datetime, using: str, cap: int | None) -> tuple[str, list[Any]]:
+def count_sql(
+    model: type[models.Model], now: datetime, using: str, cap: int | None, *, done: bool = True
+) -> tuple[str, list[Any]]:
     """Return the one statement that counts a queue table's states, and its parameters.
 
     The outer query reads only rows with ``due`` set, the predicate of the table's partial index, so waiting,
     due-now and dead rows are counted from that index however many done rows the table holds. Done rows are
     counted in a sub-select that stops at ``cap + 1`` (when a cap is given): a million finished rows cost no
     more than ten thousand. Written out because the ORM's ``aggregate()`` refuses the scalar sub-select; the
-    conditions are the states' own ``Q`` compiled.
+    conditions are the states' own ``Q`` compiled. ``done=False`` leaves the done count out (0): the sampling
+    job needs none.
     """
     connection = connections[using]
     quote = connection.ops.quote_name
@@ -60,24 +64,27 @@ def count_sql(model: type[models.Model], now: datetime, using: str, cap: int | N
     waiting, waiting_params = state_sql(model, "waiting", now, connection)
     due_now, due_now_params = state_sql(model, "due_now", now, connection)
     dead, dead_params = state_sql(model, "dead", now, connection)
-    done, done_params = state_sql(model, "done", now, connection)
+    done_sql, done_params = state_sql(model, "done", now, connection)
     limit = "" if cap is None else " LIMIT %s"
+    done_count = f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {done_sql}{limit}) fabrika_done)"  # noqa: S608
     sql = (
         f"SELECT COUNT(CASE WHEN {waiting} THEN 1 END), "  # noqa: S608  quoted names, values as parameters
         f"COUNT(CASE WHEN {due_now} THEN 1 END), "
         f"COUNT(CASE WHEN {dead} THEN 1 END), "
         f"MIN(CASE WHEN {due_now} THEN {due} END), "
-        f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {done}{limit}) fabrika_done) "
+        f"{done_count if done else '0'} "
         f"FROM {table} WHERE {indexed}"
     )
-    params = [*waiting_params, *due_now_params, *dead_params, *due_now_params, *done_params]
-    return sql, params + ([] if cap is None else [cap + 1]) + indexed_params
+    params = [*waiting_params, *due_now_params, *dead_params, *due_now_params]
+    if done:
+        params += [*done_params, *([] if cap is None else [cap + 1])]
+    return sql, params + indexed_params
 
 
-def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = None) -> QueueCounts:
+def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = None, done: bool = True) -> QueueCounts:
     """Count one queue table's rows by state in one statement (see ``count_sql``)."""
     using = router.db_for_read(model)
-    sql, params = count_sql(model, now, using, cap)
+    sql, params = count_sql(model, now, using, cap, done=done)
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         waiting, due_now, dead, oldest, done = cursor.fetchone()
@@ -109,10 +116,11 @@ def job_state_word(state: dict[str, Any]) -> str:
 
 
 def status(now: datetime) -> dict[str, Any]:
-    """The report of ``fabrika_job status``: each queue table's counts (done exactly), each job's state."""
+    """The report of ``fabrika_job status``: each queue table's counts (done exactly), each job's state, health."""
     queues = []
+    counted = {}
     for model in queue_models():
-        counts = count_queue(model, now)
+        counts = counted[model._meta.label] = count_queue(model, now)
         oldest = counts.oldest_due
         queues.append(
             {
@@ -143,7 +151,8 @@ def status(now: datetime) -> dict[str, Any]:
                 "failures_in_row": state["failures_in_row"],
             }
         )
-    return {"now": _utc(now), "queues": queues, "jobs": jobs}
+    health = [finding.as_dict() for finding in _health.health_report(now, counts=counted)]
+    return {"now": _utc(now), "queues": queues, "jobs": jobs, "health": health}
 
 
 def _utc(moment: datetime | None) -> str | None:

@@ -17,6 +17,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 - W040 a MariaDB/MySQL database whose transactions would not run at READ COMMITTED (``_isolation.py``)
+- W054 (``--deploy``, PostgreSQL) a queue table whose dead tuples vacuum has not removed: its autovacuum settings
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from . import _isolation  # noqa: F401  registers fabrika.W040
+from . import (
+    _health,
+    _isolation,  # noqa: F401  registers fabrika.W040
+)
 from .conf import DEFAULTS
 from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
 from .schedule import Schedule, normalize
@@ -265,7 +269,13 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),
+    "METRICS_TOKEN": (
+        lambda v: v is None or isinstance(v, str) and len(v) >= 32,
+        "None, or a random string of 32 characters or more (e.g. from secrets.token_urlsafe())",
+    ),
 }
+#: Settings whose value a message never quotes.
+_SECRET_KEYS = frozenset({"METRICS_TOKEN"})
 
 
 @checks.register("fabrika")
@@ -310,7 +320,8 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         if rule is not None and not rule[0](configured[key]):
             errors.append(
                 checks.Error(
-                    f"Setting FABRIKA[{key!r}] is {configured[key]!r}, which is not valid.",
+                    f"Setting FABRIKA[{key!r}] is "
+                    f"{'a value' if key in _SECRET_KEYS else repr(configured[key])}, which is not valid.",
                     hint=f"Give {rule[1]}.",
                     id="fabrika.E032",
                 )
@@ -361,4 +372,22 @@ def _check_callable(key: str, path: object, hint: str, id: str) -> list[checks.C
         return []
     return [
         checks.Error(f"Setting FABRIKA[{key!r}] is {path!r}, which does not import to a callable.", hint=hint, id=id)
+    ]
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def _check_queue_tables_vacuum(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """PostgreSQL, ``check --deploy --database``: a queue table bloated by dead tuples needs autovacuum settings."""
+    if not databases:
+        return []
+    return [
+        checks.Warning(
+            f"Queue table of {finding.queue} is bloated with dead tuples that vacuum has not removed.",
+            hint=finding.advice,
+            obj=finding.queue,
+            id="fabrika.W054",
+        )
+        for finding in _health._queue_bloat(_health.DEFAULT_THRESHOLDS)
     ]

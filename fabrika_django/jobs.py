@@ -198,22 +198,29 @@ _PRUNE_BATCH = 1000
 
 @cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
 def prune_history(ctx: JobContext) -> None:
-    """Delete attempt history older than ``RUN_HISTORY_DAYS`` and Django tasks finished more than
-    ``TASK_RESULT_DAYS`` ago, in bounded batches, oldest first."""
-    from . import _jobstate  # it imports the models: this module is imported before the app registry is ready
+    """Delete attempt history and queue samples older than ``RUN_HISTORY_DAYS``, mail ledger keys older than
+    ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in bounded batches."""
+    # Both import the models: this module is imported before the app registry is ready.
+    from . import _history, _jobstate
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
-    pruned = 0
+    pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
+    samples = _in_batches(ctx, lambda: _history.prune_samples(cutoff, _PRUNE_BATCH))
+    ctx.log.debug("Pruned attempts=%d samples=%d older_than_days=%d", pruned, samples, settings.RUN_HISTORY_DAYS)
+    _prune_mail_ledger(ctx)
+    _prune_task_results(ctx)
+
+
+def _in_batches(ctx: JobContext, delete_batch: Callable[[], int]) -> int:
+    """Call ``delete_batch`` in a fenced transaction of its own until it deletes nothing; return the total."""
+    total = 0
     while True:
         ctx.signal.throw_if_aborted()
         with ctx.transaction():
-            deleted = _jobstate.prune_attempts(cutoff, _PRUNE_BATCH)
+            deleted = delete_batch()
         if not deleted:
-            break
-        pruned += deleted
-    ctx.log.debug("Pruned attempts=%d older_than_days=%d", pruned, settings.RUN_HISTORY_DAYS)
-    _prune_mail_ledger(ctx)
-    _prune_task_results(ctx)
+            return total
+        total += deleted
 
 
 def _prune_task_results(ctx: JobContext) -> None:
@@ -221,32 +228,26 @@ def _prune_task_results(ctx: JobContext) -> None:
     from .models import QueuedTask  # as above: the models need the app registry
 
     finished = QueuedTask.objects.filter(finished_at__lt=ctx.now() - timedelta(days=settings.TASK_RESULT_DAYS))
-    pruned = 0
-    while True:
-        ctx.signal.throw_if_aborted()
+
+    def delete_batch() -> int:
         batch = list(finished.order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH])
-        if not batch:
-            break
-        with ctx.transaction():
-            pruned += QueuedTask.objects.filter(pk__in=batch).delete()[0]
+        return QueuedTask.objects.filter(pk__in=batch).delete()[0] if batch else 0
+
+    pruned = _in_batches(ctx, delete_batch)
     ctx.log.debug("Pruned tasks=%d older_than_days=%d", pruned, settings.TASK_RESULT_DAYS)
 
 
 def _prune_mail_ledger(ctx: JobContext) -> None:
     """Forget mail ledger keys older than ``MAIL_LEDGER_DAYS`` (a repeat after that sends again), in batches."""
-    from .conf import settings
     from .models import SentMail
 
-    cutoff = ctx.now() - timedelta(days=settings.MAIL_LEDGER_DAYS)
-    pruned = 0
-    while True:
-        ctx.signal.throw_if_aborted()
-        old = SentMail.objects.filter(created__lt=cutoff).order_by("created")  # the created index
-        batch = list(old.values_list("pk", flat=True)[:_PRUNE_BATCH])
-        if not batch:
-            break
-        with ctx.transaction():
-            pruned += SentMail.objects.filter(pk__in=batch).delete()[0]
+    old = SentMail.objects.filter(created__lt=ctx.now() - timedelta(days=settings.MAIL_LEDGER_DAYS))
+
+    def delete_batch() -> int:
+        batch = list(old.order_by("created").values_list("pk", flat=True)[:_PRUNE_BATCH])  # the created index
+        return SentMail.objects.filter(pk__in=batch).delete()[0] if batch else 0
+
+    pruned = _in_batches(ctx, delete_batch)
     ctx.log.debug("Pruned ledger_rows=%d older_than_days=%d", pruned, settings.MAIL_LEDGER_DAYS)
 
 
@@ -256,3 +257,14 @@ def sweep_files(ctx: JobContext) -> None:
     from ._sweep import run_in_job
 
     run_in_job(ctx)
+
+
+@cron("*/5 * * * *", name="fabrika_sample_queues", timeout=timedelta(minutes=4))
+def sample_queues(ctx: JobContext) -> None:
+    """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health."""
+    from . import _history  # it imports the models, as above
+
+    samples = _history.take_samples(ctx.now())  # counted outside the transaction: it holds only the insert
+    with ctx.transaction():
+        _history.save_samples(samples)
+    ctx.log.debug("Sampled queues=%d", len(samples))

@@ -405,3 +405,25 @@ class QueuedTask(QueueModel):
         name = task_job_name(self.backend, self.queue_name)
         if name in registry:  # a backend or queue since removed from TASKS has no job to kick
             kick(name, using=self._state.db)
+
+
+class QueueSample(models.Model):
+    """A queue table's backlog at one moment, taken every five minutes by the built-in sampling job.
+
+    The overview draws the last day of these; ``dead_rows_grew`` compares the dead count with them. Pruned
+    with the attempt history.
+    """
+
+    queue = models.CharField(_("queue"), max_length=200)  # the model's label, app_label.Model
+    sampled = models.DateTimeField(_("sampled"), default=timezone.now)
+    waiting = models.PositiveIntegerField(_("waiting"), default=0)
+    due_now = models.PositiveIntegerField(_("due now"), default=0)
+    dead = models.PositiveIntegerField(_("dead"), default=0)
+
+    class Meta:
+        verbose_name = _("queue sample")
+        verbose_name_plural = _("queue samples")
+        indexes = [models.Index(fields=["queue", "sampled"], name="fabrika_sample_queue_time")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.sampled:%Y-%m-%d %H:%M}"

@@ -16,6 +16,8 @@ from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from . import _metrics
+
 # Re-exported: projects and checks know them from here.
 from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from ._queuestate import max_attempts_of as max_attempts_of
@@ -89,6 +91,7 @@ class QueueQuerySet(models.QuerySet[_M]):
             rows = _read_locked(_locked(rows_qs, connection)[:limit], connection)
             if rows:
                 _lease(self.model, using, rows, run, now)
+        _metrics.observe_claim(run.job.name, len(rows))
         return rows
 
     def finish_all(self, rows: Iterable[_M], /, **values: Any) -> list[_M]:

@@ -21,7 +21,7 @@ from datetime import datetime
 from django.db import connection as default_connection
 from django.utils import timezone
 
-from . import _jobstate
+from . import _jobstate, _metrics
 from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
 from ._fence import LeaseFence
 from .backoff import retry_pause
@@ -166,10 +166,12 @@ def _run_attempts(
     number = lease.attempt
     last = 1 + job.retries
     while True:
+        began_attempt = time.monotonic()
         outcome, error = _attempt(job, held, stop=stop, clock=clock, mail_mode=mail_mode, inline=inline)
         if inline and after_inline_attempt is not None:
             after_inline_attempt()
         _record(lease, outcome, error)
+        _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
         if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:
             break
         seconds = pause(number)

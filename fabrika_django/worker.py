@@ -31,7 +31,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _jobstate, runner
+from . import _jobstate, _metrics, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
@@ -299,14 +299,15 @@ class Worker:
             # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
             # A takeover that finds the lease renewed after all (its holder came back) coalesces and leaves the
             # job pending, as a fire does: the holder's run may have been cut off meanwhile.
-            result = runner.run(
-                self.jobs[name],
-                "kick" if trigger == _TAKEOVER else trigger,
-                stop=self._stop,
-                holder=holder,
-                clock=self._clock,
-                mark_pending=trigger != "kick",
-            )
+            with _metrics.run_in_progress(name, trigger, holder):
+                result = runner.run(
+                    self.jobs[name],
+                    "kick" if trigger == _TAKEOVER else trigger,
+                    stop=self._stop,
+                    holder=holder,
+                    clock=self._clock,
+                    mark_pending=trigger != "kick",
+                )
             if result.outcome == "shutdown":
                 # Stopped before its end: the other workers take it over at once, not after the lease.
                 request_run(name)

@@ -381,9 +381,16 @@ def test_jobs_page_shows_the_schedule_as_cron_and_in_words_and_the_next_fire_in_
     row = html[html.index(">mark_overdue<") : html.index(">render_reports<")]
     assert "<code>15 * * * *</code>" in row
     assert "hourly at minute 15" in row
-    # Europe/Berlin is the test project's time zone: 01:15 CET is 00:15 UTC.
+    # Europe/Berlin is the test project's time zone: 01:15 CET is 00:15 UTC. The list says how far and the UTC
+    # time; the local time is the tooltip (the job's page shows both in full).
     assert re.search(
-        r"Jan\. 1, 2030, 1:15 a\.m\. CET</span> <span class=\"fabrika-quiet\">\(2030-01-01 00:15 UTC\)", row
+        r'<span class="fabrika-nowrap" title="Jan\. 1, 2030, 1:15 a\.m\. CET">in \d+\xa0years?</span> '
+        r'<span class="fabrika-quiet">01-01 00:15 UTC</span>',
+        row,
+    )
+    page = admin_client.get(reverse("admin:fabrika_django_job_change", args=["mark_overdue"])).content.decode()
+    assert re.search(
+        r"Jan\. 1, 2030, 1:15 a\.m\. CET</span> <span class=\"fabrika-quiet\">\(2030-01-01 00:15 UTC\)", page
     )
 
 

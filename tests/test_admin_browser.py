@@ -21,7 +21,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.utils import timezone
 
-from fabrika_django.models import Attempt, Job
+from fabrika_django._history import hour_slots
+from fabrika_django.models import Attempt, Job, QueueSample
 from testproject.outbox.models import OutboxMail, Person, Registration
 from testproject.reminders.models import Reminder
 
@@ -254,3 +255,124 @@ class AdminInChromiumTests(StaticLiveServerTestCase):
         self.assertEqual(self._css(".field-run_state .readonly").text, "pending")
         self.assertIsNotNone(Job.objects.get(name="mark_overdue").pending_since)
         self.browser.save_screenshot(str(self.shots / "admin-job.png"))
+
+
+class OverviewChartsInChromiumTests(AdminInChromiumTests):
+    """The overview's health and charts, and the jobs list, at 1280 px in the admin's light and dark themes."""
+
+    # The parent's tests run once, in their own class.
+    test_dead_row_is_found_from_the_overview_and_requeued_with_its_button = None
+    test_job_page_shows_the_schedule_and_runs_the_job_now = None
+
+    def setUp(self):
+        super().setUp()
+        now = timezone.now()
+        history = []
+        slots = hour_slots(now)
+        for hours_ago in range(24):
+            slot, count = slots[23 - hours_ago], 3 + hours_ago % 5
+            for index in range(count):
+                # Inside the hour drawn as this bar, the current one included however early in it we are.
+                started = slot + min(timedelta(minutes=index * 7 + 1), (now - slot) * (index + 1) / (count + 1))
+                outcome = "handler_failed" if (hours_ago + index) % 9 == 0 else "succeeded"
+                if hours_ago in (5, 6) and index == 0:
+                    outcome = "timed_out"
+                history.append(
+                    Attempt(
+                        job="send_reminders",
+                        run_id=uuid.uuid4(),
+                        trigger="schedule",
+                        number=1,
+                        outcome=outcome,
+                        started=started,
+                        finished=started + timedelta(seconds=0.4 + (index % 4) * 0.9 + hours_ago % 3),
+                    )
+                )
+        Attempt.objects.bulk_create(history)
+        QueueSample.objects.bulk_create(
+            QueueSample(
+                queue="reminders.Reminder",
+                sampled=now - timedelta(minutes=5 * step),
+                waiting=4 + step % 30,
+                due_now=max(0, 12 - abs(step - 150) // 8),
+                dead=2 if step < 60 else 1,
+            )
+            for step in range(288)
+        )
+        Job.objects.filter(name="mark_overdue").update(last_success=now - timedelta(seconds=20))
+
+    def _theme(self, theme):
+        self.browser.execute_script("localStorage.setItem('theme', arguments[0])", theme)
+
+    def _style(self, selector, prop):
+        return self.browser.execute_script(
+            "return getComputedStyle(document.querySelector(arguments[0]))[arguments[1]]", selector, prop
+        )
+
+    def test_overview_draws_accessible_charts_legible_at_1280_px_in_light_and_dark(self):
+        from selenium.webdriver.common.by import By
+
+        self._log_in()
+        fills = {}
+        for theme in ("light", "dark"):
+            self._theme(theme)
+            self._open("/admin/fabrika_django/overview/")
+            self.assertEqual(self.browser.execute_script("return window.innerWidth"), 1280)
+            self.assertLessEqual(self.browser.execute_script("return document.documentElement.scrollWidth"), 1280)
+            card = self._css('figure[data-job="send_reminders"]')
+            charts = card.find_elements(By.CSS_SELECTOR, "svg.fabrika-chart")
+            self.assertEqual(len(charts), 2)
+            for chart in charts:
+                labelled = chart.get_attribute("aria-labelledby").split()
+                self.assertEqual(chart.get_attribute("role"), "img")
+                self.assertEqual([part.rsplit("-", 1)[1] for part in labelled], ["title", "desc"])
+                self.assertGreaterEqual(chart.size["width"], 340)  # of 480 drawing units: 13-unit text stays >= 9 px
+            bars = card.find_elements(By.CSS_SELECTOR, "rect.fabrika-series--ok")
+            self.assertEqual(len(bars), 24)
+            summaries = [p.text for p in card.find_elements(By.CSS_SELECTOR, "p.fabrika-chart-summary")]
+            self.assertRegex(
+                summaries[0], r"^\d+ attempts in the last 24 hours \(\d+ succeeded, \d+ handler failed, 2 timed out\)"
+            )
+            self.assertRegex(summaries[1], r"^Median attempt per hour between [\d.]+ s and [\d.]+ s")
+            backlog = self._css('figure[data-model="reminders.Reminder"]')
+            self.assertEqual(len(backlog.find_elements(By.CSS_SELECTOR, "polyline")), 2)
+            self.assertIn("Due now peaked at 12", backlog.find_element(By.CSS_SELECTOR, ".fabrika-chart-summary").text)
+            fills[theme] = (
+                self._style('figure[data-job="send_reminders"] rect.fabrika-series--ok', "fill"),
+                self._style(".fabrika-chart-axis", "fill"),
+                self._style("body", "background-color"),
+            )
+            self.browser.execute_script(
+                "document.querySelector('#fabrika-job-charts').previousElementSibling.scrollIntoView()"
+            )
+            self.browser.save_screenshot(str(self.shots / f"admin-overview-charts-{theme}.png"))
+        self.assertNotEqual(fills["light"][0], fills["dark"][0])  # the series follow the theme
+        self.assertNotEqual(fills["light"][1], fills["dark"][1])  # so do the axis labels (--body-quiet-color)
+        self.assertNotEqual(fills["light"][2], fills["dark"][2])
+        # send_reminders failed three times in a row, its last success five hours (300 periods) ago.
+        finding = self._css("#fabrika-health li[data-check='job_overdue']").text
+        self.assertTrue(finding.startswith("error job_overdue Job send_reminders last succeeded 5 h"), finding)
+
+    def test_jobs_list_fits_1280_px_with_the_sidebar_open_and_says_just_now(self):
+        from selenium.webdriver.common.by import By
+
+        self._log_in()
+        self.browser.execute_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'true')")
+        self._theme("light")
+        self._open("/admin/fabrika_django/job/")
+        self.assertTrue(self._css("#nav-sidebar").is_displayed())
+        self.browser.save_screenshot(str(self.shots / "admin-jobs.png"))
+        headers = self.browser.find_elements(By.CSS_SELECTOR, "#result_list thead th")
+        self.assertEqual(len(headers), 9)  # the action checkbox and eight columns
+        box = self._css("#changelist .results")
+        edge = box.location["x"] + box.size["width"]
+        for header in headers:
+            self.assertLessEqual(header.location["x"] + header.size["width"], edge, header.text)
+        # Nothing scrolls sideways inside the list either.
+        self.assertLessEqual(
+            self.browser.execute_script("const r = arguments[0]; return r.scrollWidth - r.clientWidth", box), 0
+        )
+        for row in self.browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"):
+            self.assertLess(row.size["height"], 90, row.text)  # four short lines at most (0.1 wrapped to five)
+        row = self.browser.find_element(By.XPATH, "//tr[.//a[text()='mark_overdue']]")
+        self.assertIn("just now", row.find_element(By.CSS_SELECTOR, "td.field-last_success_at").text)

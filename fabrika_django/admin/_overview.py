@@ -16,9 +16,13 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .. import _health
 from .._queuestate import STATES
-from .._report import count_queue, job_states, queue_models
+from .._report import QueueCounts, count_queue, job_states, queue_models
+from ..jobs import registry
 from ..models import Overview
+from ._pictures import job_pictures, queue_pictures
+from ._queues import _relative
 
 #: Done rows are counted up to this many: past it the page says "10000+" instead of reading the whole table.
 DONE_COUNT_CAP = 10_000
@@ -35,10 +39,13 @@ def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]
         return None
 
 
-def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
+def _queue_rows(
+    site: AdminSite, request: HttpRequest, now: datetime, counted: dict[str, QueueCounts]
+) -> list[dict[str, Any]]:
     rows = []
+    pictures = queue_pictures(list(counted), now)
     for model in queue_models():
-        counts = count_queue(model, now, cap=DONE_COUNT_CAP)
+        counts = counted[model._meta.label]
         url = _changelist(site, request, model)
         cells = []
         for state, label in STATES:
@@ -62,7 +69,9 @@ def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[di
                 "cells": cells,
                 "oldest_due": counts.oldest_due,
                 "oldest_age": now - counts.oldest_due if counts.oldest_due else None,
+                "oldest_words": _relative(counts.oldest_due, now) if counts.oldest_due else None,
                 "dead": counts.dead,
+                "picture": pictures[model._meta.label],
             }
         )
     return rows
@@ -70,6 +79,7 @@ def _queue_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[di
 
 def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
     rows = []
+    pictures = job_pictures([registered.name for registered in registry], now)
     for state in job_states(now):
         try:
             url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state["name"])])
@@ -85,6 +95,8 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
                 "last_finished": state["last_finished"],
                 "last_success": state["last_success"],
                 "failures_in_row": state["failures_in_row"],
+                "last_success_words": _relative(state["last_success"], now) if state["last_success"] else None,
+                "picture": pictures[state["name"]],
             }
         )
     return rows
@@ -96,13 +108,17 @@ def overview_view(site: AdminSite) -> Callable[[HttpRequest], HttpResponse]:
     def overview(request: HttpRequest) -> HttpResponse:
         request.current_app = site.name  # {% url 'admin:...' %} resolves in this site's namespace
         now = timezone.now()
+        counted = {model._meta.label: count_queue(model, now, cap=DONE_COUNT_CAP) for model in queue_models()}
+        jobs = _job_rows(site, request, now)
         context = {
             **site.each_context(request),
             "title": _("Background work overview"),
             "subtitle": None,
             "now": now,
-            "queues": _queue_rows(site, request, now),
-            "jobs": _job_rows(site, request, now),
+            "queues": _queue_rows(site, request, now, counted),
+            "health": _health.health_report(now, counts=counted),
+            "jobs": jobs,
+            "idle_jobs": [job["name"] for job in jobs if job["picture"]["empty"]],
             "done_cap": DONE_COUNT_CAP,
         }
         return TemplateResponse(request, "admin/fabrika_django/overview.html", context)

@@ -37,16 +37,21 @@ def _badge(state: str, label: Any) -> str:
     return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
 
 
+def _relative(value: datetime, now: datetime) -> str:
+    """Say how far ``value`` is from ``now`` in words: "in 5 minutes", "3 hours ago", or "just now" within a minute."""
+    if abs((value - now).total_seconds()) < 60:
+        return str(_("just now"))
+    if value > now:
+        return str(_("in %(time)s") % {"time": timeuntil(value, now, depth=1)})
+    return str(_("%(time)s ago") % {"time": timesince(value, now, depth=1)})
+
+
 def _moment(value: datetime | None, now: datetime) -> str:
     """Return "in 5 minutes (2 Dec 2026 19:45)" or "3 hours ago (...)" in the current time zone."""
     if value is None:
         return "—"
     absolute = date_format(timezone.localtime(value), "DATETIME_FORMAT")
-    if value > now:
-        relative = _("in %(time)s") % {"time": timeuntil(value, now, depth=1)}
-    else:
-        relative = _("%(time)s ago") % {"time": timesince(value, now, depth=1)}
-    return format_html('{} <span class="fabrika-quiet">({})</span>', relative, absolute)
+    return format_html('{} <span class="fabrika-quiet">({})</span>', _relative(value, now), absolute)
 
 
 class StateListFilter(admin.SimpleListFilter):

@@ -23,11 +23,11 @@ from typing import Any, NoReturn
 
 from django.apps import apps
 from django.conf import settings as django_settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _report, _sweep, kicks, runner, worker
+from fabrika_django import _metrics, _report, _sweep, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
@@ -68,6 +68,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"give a TCP port from 1 to 65535, not {text!r}")
+    return value
+
+
 def _job_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -103,6 +110,9 @@ class Command(BaseCommand):
         worker = action("worker", "Fire schedules, take kicks and run jobs until SIGTERM or SIGINT.")
         worker.add_argument("--concurrency", type=_positive_int, help="how many runs at once")
         worker.add_argument("--only", type=_job_names, metavar="NAME,NAME", help="run only these jobs")
+        worker.add_argument(
+            "--metrics-port", type=_port, metavar="PORT", help="serve the worker's Prometheus metrics on this port"
+        )
 
         crontab = action("crontab", "Print a crontab (UTC) that runs each scheduled job, for hosts without a worker.")
         crontab.add_argument("--manage-py", metavar="PATH", help="the manage.py the lines call (found by default)")
@@ -160,9 +170,13 @@ class Command(BaseCommand):
                 returncode=1,
             )
 
-    def _handle_worker(self, *, concurrency: int | None, only: list[str] | None, **options: Any) -> None:
+    def _handle_worker(
+        self, *, concurrency: int | None, only: list[str] | None, metrics_port: int | None, **options: Any
+    ) -> None:
         for name in only or ():
             registry.get(name)
+        if metrics_port is not None:
+            _serve_metrics(metrics_port)
         kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
         if concurrency is not None:
             kwargs["concurrency"] = concurrency
@@ -237,6 +251,9 @@ class Command(BaseCommand):
                 for j in report["jobs"]
             ],
         )
+        self.stdout.write("Health:" if report["health"] else "Health: nothing to report.")
+        for finding in report["health"]:
+            self.stdout.write(f"  {finding['severity']} {finding['check']}: {finding['advice']}")
 
     # -- requeue -----------------------------------------------------------------------------------
 
@@ -294,6 +311,18 @@ class Command(BaseCommand):
         widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
         for line in (header, *rows):
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
+
+
+def _serve_metrics(port: int) -> None:
+    """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken)."""
+    try:
+        _metrics.serve(port)
+    except ImproperlyConfigured as exc:
+        raise _usage(str(exc)) from None
+    except OSError as exc:
+        raise _usage(
+            f"Cannot serve metrics on port {port} ({exc.strerror or type(exc).__name__}): choose another port."
+        ) from None
 
 
 def _manage_py(given: str | None) -> Path:

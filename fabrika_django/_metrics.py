@@ -1,0 +1,158 @@
+"""The worker's own metrics (prometheus-client, the extra ``prometheus``): off until a worker serves them.
+
+``fabrika_job worker --metrics-port PORT`` calls ``serve(PORT)``, which makes the instruments and serves them at
+``/metrics``; until then every ``observe_*`` is one ``None`` test, so a project without the extra (or a worker
+without the flag, or ``run_job`` in a test) pays nothing. Names are public (DESIGN §14); labels are the job and
+the outcome, never a row id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+try:  # an optional dependency: fabrika works without it, only the metrics need it
+    import prometheus_client
+except ImportError:  # pragma: no cover  exercised by projects without the extra
+    prometheus_client = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_CLAIM_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def require_prometheus() -> Any:
+    """Return the prometheus_client module, or say how to install it."""
+    if prometheus_client is None:
+        raise ImproperlyConfigured(
+            'fabrika_django\'s metrics need prometheus-client: pip install "fabrika-django[prometheus]".'
+        )
+    return prometheus_client
+
+
+@dataclass
+class _Instruments:
+    registry: Any
+    attempts: Any
+    duration: Any
+    claim_rows: Any
+    kick_latency: Any
+    in_progress: Any
+
+
+def _make_instruments() -> _Instruments:
+    client = require_prometheus()
+    registry = client.CollectorRegistry(auto_describe=True)
+    return _Instruments(
+        registry=registry,
+        attempts=client.Counter(
+            "fabrika_attempts", "Attempts that ended, by job and outcome.", ["job", "outcome"], registry=registry
+        ),
+        duration=client.Histogram(
+            "fabrika_attempt_duration_seconds",
+            "How long attempts took, by job.",
+            ["job"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        ),
+        claim_rows=client.Histogram(
+            "fabrika_claim_rows", "Rows each claim took, by job.", ["job"], buckets=_CLAIM_BUCKETS, registry=registry
+        ),
+        kick_latency=client.Histogram(
+            "fabrika_kick_start_latency_seconds",
+            "From a kick to the start of the run that served it, by job.",
+            ["job"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        ),
+        in_progress=client.Gauge(
+            "fabrika_runs_in_progress", "Runs this worker executes now, by job.", ["job"], registry=registry
+        ),
+    )
+
+
+_instruments: _Instruments | None = None
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104  a scraper comes from another host
+    """Turn the worker's instruments on and serve them at ``http://addr:port/metrics`` from a daemon thread."""
+    global _instruments
+    instruments = _make_instruments()
+    prometheus_client.start_http_server(port, addr, registry=instruments.registry)
+    _instruments = instruments
+    logger.info("Metrics served port=%d", port)
+
+
+def reset() -> None:
+    """Turn the instruments off (tests)."""
+    global _instruments
+    _instruments = None
+
+
+def observe_attempt(job: str, outcome: str, seconds: float) -> None:
+    """Count an ended attempt of ``job`` by its outcome, and its duration."""
+    instruments = _instruments
+    if instruments is None:
+        return
+    instruments.attempts.labels(job, outcome).inc()
+    instruments.duration.labels(job).observe(max(0.0, seconds))
+
+
+def observe_claim(job: str, rows: int) -> None:
+    """Record how many rows a claim took."""
+    instruments = _instruments
+    if instruments is not None:
+        instruments.claim_rows.labels(job).observe(rows)
+
+
+@contextmanager
+def run_in_progress(job: str, trigger: str, holder: str) -> Iterator[None]:
+    """Count the run as in progress; for a kick's run, record how long the kick waited for its start.
+
+    The wait is the first attempt's ``started`` less the job's ``pending_since`` as the run found it: both
+    written by the database's clock on PostgreSQL, so hosts' clocks do not skew it. Two reads, only while
+    metrics are on.
+    """
+    instruments = _instruments
+    if instruments is None:
+        yield
+        return
+    kicked = _quietly(_pending_since, job) if trigger == "kick" else None
+    gauge = instruments.in_progress.labels(job)
+    gauge.inc()
+    try:
+        yield
+    finally:
+        gauge.dec()
+        if kicked is not None:
+            _quietly(_observe_kick_latency, instruments, job, holder, kicked)
+
+
+def _quietly(read: Any, *args: Any) -> Any:
+    """Run a metrics read; a failure costs the observation, never the run (the worker sees the database's)."""
+    try:
+        return read(*args)
+    except Exception as exc:
+        logger.warning("Metrics read failed error=%s", type(exc).__name__)
+        return None
+
+
+def _pending_since(job: str) -> Any:
+    from . import _jobstate  # it imports the models; this module is imported before the app registry is ready
+
+    return _jobstate.pending_since(job)
+
+
+def _observe_kick_latency(instruments: _Instruments, job: str, holder: str, kicked: Any) -> None:
+    from . import _jobstate  # as above
+
+    started = _jobstate.first_attempt_started(job, holder, kicked)
+    if started is not None:
+        instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())
