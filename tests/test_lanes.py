@@ -444,3 +444,44 @@ def test_a_frozen_workers_lanes_are_taken_over_and_its_stale_attempts_write_noth
     _assert_each_row_done_once(rows)
     crashed = Attempt.objects.filter(job=LANES_JOB, outcome="crashed")
     assert all(f":{frozen.pid}:" in holder for holder in crashed.values_list("holder", flat=True))
+
+
+# -- what operators read --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_the_jobs_page_the_overview_and_the_metric_show_active_lanes_of_lanes(admin_client):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+    from prometheus_client.parser import text_string_to_metric_families
+
+    runner.sync_jobs([LANES_JOB])
+    _start(LANES_JOB, "first")
+    _jobstate.ask_for_lane(LANES_JOB, 8)
+    _start(LANES_JOB, "second", mark_pending=False)
+    _jobstate.ask_for_lane(LANES_JOB, 8)
+    _start(LANES_JOB, "third", mark_pending=False)
+
+    text, as_json = StringIO(), StringIO()
+    call_command("fabrika_job", "status", stdout=text)
+    call_command("fabrika_job", "status", "--json", stdout=as_json)
+    line = next(line for line in text.getvalue().splitlines() if line.startswith(LANES_JOB))
+    assert "active 3/8" in line
+    job = next(job for job in json.loads(as_json.getvalue())["jobs"] if job["name"] == LANES_JOB)
+    assert (job["state"], job["active"], job["active_lanes"], job["lanes"]) == ("active 3/8", True, 3, 8)
+
+    jobs_page = admin_client.get("/admin/fabrika_django/job/").content.decode()
+    overview = admin_client.get("/admin/fabrika_django/overview/").content.decode()
+    assert "active 3/8" in jobs_page
+    assert "active 3/8" in " ".join(overview.split())
+
+    metrics = admin_client.get("/metrics/fabrika/").content.decode()
+    samples = {
+        (sample.name, sample.labels.get("job")): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    assert samples[("fabrika_job_active_lanes", LANES_JOB)] == 3
+    assert samples[("fabrika_job_active_lanes", "lab_slow")] == 0
