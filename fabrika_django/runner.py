@@ -90,7 +90,10 @@ def run(
     mark_pending: bool = True,
     after_inline_attempt: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Run ``job`` now, or mark it pending when a run is active elsewhere ("coalesced").
+    """Run ``job`` now in a lane of its own, or mark it pending when it is busy ("coalesced").
+
+    A job with ``lanes`` > 1 starts here when none of its lanes is active, or in a free lane a full claim asked
+    for; its run's lease, attempts and history are its lane's (``_jobstate.start_or_join``).
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
     seconds between them (a short growing pause by default). When the job was kicked during the run, it
