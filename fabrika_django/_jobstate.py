@@ -32,6 +32,7 @@ from django.utils import timezone
 from . import _prepared
 from ._channel import CHANNEL
 from ._running import framework_write
+from .conf import settings
 from .jobs import registry
 from .models import Attempt, Job, Lease, Outcome
 
@@ -120,9 +121,33 @@ def _lock_job(name: str) -> None:
 
 
 def _lock_job_row(name: str) -> bool:
-    if default_connection.features.has_select_for_update:
+    connection = default_connection
+    if connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1:
+        return _lock_job_row_bounded(connection, name)
+    if connection.features.has_select_for_update:
         return bool(list(Job.objects.select_for_update().filter(name=name).values_list("name")))
     return bool(Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row")))
+
+
+def _lock_job_row_bounded(connection: Any, name: str) -> bool:
+    """PostgreSQL: lock the Job row, and end this transaction's session if it sits idle past two leases.
+
+    Every start and end of a run holds the Job row for a few statements. A process stopped in between (SIGSTOP,
+    a VM paused) would hold it for as long as it stays stopped, and every other start and end of the job would
+    wait: with lanes, starts are frequent enough to meet it. The server ends such a session
+    (``idle_in_transaction_session_timeout``, for this transaction only), which rolls the transaction back;
+    its process, should it wake, finds its connection gone and takes the path of a cut connection. Only in a
+    transaction of the framework's own (not inside a caller's, such as a TestCase's).
+    """
+    table = connection.ops.quote_name(Job._meta.db_table)
+    bound = str(int(2000 * max(1.0, float(settings.LEASE_SECONDS))))
+    sql = (
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, true) "  # noqa: S608  quoted name
+        f"FROM {table} WHERE name = %s FOR UPDATE"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [bound, name])
+        return cursor.fetchone() is not None
 
 
 # -- kicks ----------------------------------------------------------------------------------------------
