@@ -182,6 +182,42 @@ def test_ctx_lane_is_the_runs_lane():
         registry.unregister("_lanes_ctx")
 
 
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_process_stopped_while_it_holds_the_jobs_row_blocks_other_starts_only_about_two_leases(settings):
+    from django.db import transaction
+
+    settings.FABRIKA = {**getattr(settings, "FABRIKA", {}), "LEASE_SECONDS": 1}
+    runner.sync_jobs([LANES_JOB])
+    held, wake, ended = threading.Event(), threading.Event(), []
+
+    def stopped():
+        try:
+            with transaction.atomic():
+                _jobstate._lock_job(LANES_JOB)
+                held.set()
+                wake.wait(60)  # a stopped process: its session sits idle inside the start's transaction
+                Job.objects.filter(name=LANES_JOB).count()
+        except Exception as exc:  # noqa: BLE001  the class is the point
+            ended.append(type(exc).__name__)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=stopped)
+    thread.start()
+    try:
+        assert held.wait(10)
+        began = time.monotonic()
+        with transaction.atomic():
+            _jobstate._lock_job(LANES_JOB)  # granted once the server ended the idle session (2 s: two leases)
+        waited = time.monotonic() - began
+    finally:
+        wake.set()
+        thread.join(30)
+    assert 1.0 < waited < 20, waited
+    assert ended in (["OperationalError"], ["InterfaceError"], ["InternalError"])  # the session was ended
+
+
 # -- real worker processes ---------------------------------------------------------------------------------
 
 
