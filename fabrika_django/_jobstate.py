@@ -525,12 +525,38 @@ def rotate(lease: Started, number: int, seconds: float) -> bool:
 def renew(lease: Started, seconds: float) -> bool:
     """Extend the lease to ``seconds`` from now; False if it is no longer this run's (a database error raises)."""
     with framework_write():
+        if default_connection.vendor == "mysql":
+            return _renew_by_primary_key(lease, seconds)
         return bool(_mine(lease).update(expires=_expires(seconds)))
 
 
+def _renew_by_primary_key(lease: Started, seconds: float) -> bool:
+    """MariaDB/MySQL: the renewal through the primary key only (see ``_mine``), which the optimizer is told.
+
+    Given both the id and the token, it may pick the token's unique index for the UPDATE, whose exclusive lock
+    on that entry would wait for the fence's shared one: a renewal under an open ``ctx.transaction()`` would
+    wait for the transaction's end, and a handler that ignores its deadline would block its own cut-off.
+    """
+    connection = default_connection
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    token = Lease._meta.get_field("token").get_db_prep_value(lease.token, connection)
+    sql = (
+        f"UPDATE {table} FORCE INDEX (PRIMARY) SET expires = CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND "  # noqa: S608
+        "WHERE id = %s AND token = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [int(seconds * 1_000_000), lease.lease_id, token])
+        return cursor.rowcount == 1
+
+
 def _mine(lease: Started) -> Any:
-    """The lease's row while it is this attempt's (its token); token is unique, so the row is one or none."""
-    return Lease.objects.filter(job=lease.job, token=lease.token)
+    """The lease's row while it is this attempt's (its token), found by its primary key.
+
+    By the key, not the token: on MariaDB/MySQL a statement that found the row through the token's index would
+    lock that index entry, which the fence holds shared for a whole ``ctx.transaction()``, so a renewal (which
+    changes only ``expires``) would wait for it.
+    """
+    return Lease.objects.filter(pk=lease.lease_id, token=lease.token)
 
 
 def end_attempt(lease: Started, outcome: str, fields: dict[str, str]) -> None:
