@@ -56,8 +56,8 @@ class Worker:
     ``concurrency``: the runs this process executes at once, whatever their jobs and lanes (a job with
     ``lanes`` spreads its runs over every worker). ``only``: the names of the jobs to serve (all by default).
     ``verbosity``: as Django's (0 warnings only, 1 one line per run start and end, 2 and more debug).
-    ``clock``: the time schedules are measured by (tests move it). ``grace``: seconds a stop waits for running attempts. ``install_signals``: handle
-    SIGTERM/SIGINT (only possible in the main thread).
+    ``clock``: the time schedules are measured by (tests move it). ``grace``: seconds a stop waits for running
+    attempts. ``install_signals``: handle SIGTERM/SIGINT (only possible in the main thread).
     """
 
     def __init__(
