@@ -489,6 +489,8 @@ def _end_frozen_fences(lease_id: int) -> int:
         f"WHERE locks.locktype = 'advisory' AND locks.classid = {FENCE_LOCK_CLASS} "
         "AND locks.objid = %s::oid AND locks.objsubid = 2 AND locks.granted "
         "AND locks.pid <> pg_backend_pid() "
+        # pg_locks is the whole server's: lease ids repeat in every database that has fabrika's tables.
+        "AND locks.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
         f"AND EXISTS (SELECT 1 FROM {lease} WHERE id = %s AND token IS NOT NULL AND expires < now())"
     )
     with connection.cursor() as cursor:

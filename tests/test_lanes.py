@@ -426,7 +426,8 @@ def test_a_cut_connection_of_one_lane_fails_only_that_lanes_attempt_and_no_row_i
         # That lane's session: the one holding its fence's advisory lock (keyed by its lease), in a transaction.
         sql = (
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND objid = %s AND objsubid = 2 AND granted"
+            "AND objid = %s AND objsubid = 2 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
 
         def cut():
