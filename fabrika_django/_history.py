@@ -6,6 +6,7 @@ reads at most 24 rows per job plus the attempts of the hour or two not folded ye
 ``started``), and costs the same on a month of history as on a day of it. Samples: those taken in the last
 24 hours, through the index on ``(queue, sampled)``, grouped in the database.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
