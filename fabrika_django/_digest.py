@@ -32,7 +32,8 @@ def bucket_of(seconds: float) -> int:
     """Return the bucket a duration falls in (a negative one, from two hosts' clocks, in bucket 0)."""
     if seconds < BASE:
         return 0
-    return min(LAST, 1 + math.floor(STEPS * math.log2(seconds / BASE)))
+    # The same operations in the same order as bucket_sql's, so a duration on a bucket's edge lands alike.
+    return min(LAST, 1 + math.floor(STEPS * math.log(seconds / BASE) / math.log(2)))
 
 
 def bounds(index: int) -> tuple[float, float]:
@@ -43,7 +44,8 @@ def bounds(index: int) -> tuple[float, float]:
 
 
 def bucket_sql(seconds: str) -> str:
-    """``bucket_of`` as a PostgreSQL expression of the SQL expression ``seconds`` (a number of seconds)."""
+    """``bucket_of`` as a PostgreSQL expression of ``seconds``, an SQL expression of seconds as a ``float8``
+    (``numeric``'s logarithm costs more than the rest of the statement)."""
     return (
         f"CASE WHEN {seconds} < {BASE} THEN 0 "
         f"ELSE least({LAST}, 1 + floor({STEPS} * ln(({seconds}) / {BASE}) / ln(2))::integer) END"

@@ -603,7 +603,7 @@ def attempt_hours_sql(connection: Any, since: datetime, until: datetime) -> tupl
     filtering by name costs more than the rows of jobs no longer registered.
     """
     table = connection.ops.quote_name(Attempt._meta.db_table)
-    bucket = _digest.bucket_sql("greatest(extract(epoch FROM finished - started), 0)")
+    bucket = _digest.bucket_sql("greatest(extract(epoch FROM finished - started)::float8, 0)")
     sql = (
         f"SELECT job, date_trunc('hour', started AT TIME ZONE 'UTC'), outcome, "  # noqa: S608  quoted name
         f"CASE WHEN finished IS NULL OR outcome = %s THEN NULL ELSE {bucket} END, count(*) "

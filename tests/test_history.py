@@ -153,7 +153,7 @@ def test_an_hour_is_folded_after_its_grace_and_again_while_attempts_of_it_were_r
 def test_the_database_puts_each_duration_in_the_bucket_python_does():
     """On PostgreSQL the buckets are computed in SQL (``_digest.bucket_sql``): the same as ``bucket_of``."""
     start = datetime(2026, 12, 3, 19, tzinfo=UTC)
-    durations = [0.0, 0.0004, 0.001, 0.00123, 0.0999, 0.5, 1.0, 1.5, 2.0, 59.9, 61.0, 3599.0, 86400.0]
+    durations = [0.0, 0.0004, 0.001, 0.00123, 0.004, 0.0999, 0.5, 1.0, 1.024, 1.5, 2.0, 59.9, 61.0, 3599.0, 86400.0]
     Attempt.objects.bulk_create([_attempt(f"j{n}", start, seconds) for n, seconds in enumerate(durations)])
     Attempt.objects.bulk_create([_attempt("late", start + timedelta(seconds=1), -1.0)])  # two hosts' clocks
     grouped = {job: bucket for job, _hour, _outcome, bucket, _count in _history._grouped_attempts(start, NOW)}
