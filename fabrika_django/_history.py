@@ -143,8 +143,11 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
         with connection.cursor() as cursor:
             cursor.execute(*hourly_sql(connection, since, until))
             rows = cursor.fetchall()
+        hours: dict[Any, datetime] = {}  # a day read whole (before its first fold) is thousands of rows
         for job, hour, outcome, bucket, count in rows:
-            yield job, _utc_hour(hour), outcome, bucket, count
+            if hour not in hours:
+                hours[hour] = _utc_hour(hour)
+            yield job, hours[hour], outcome, bucket, count
         return
     grouped: dict[tuple[str, datetime, str, int | None], int] = defaultdict(int)
     for job, started, finished, outcome in _jobstate.attempt_ends(since, until):
