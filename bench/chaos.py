@@ -6,6 +6,7 @@ fenced transaction, inside ``ctx.row``:
 
   kills   SIGKILL the lease holder N times (default 20) during a 20,000-row drain with two workers
   cuts    end every worker session (``pg_terminate_backend``) N times (default 10) during a drain
+  restart restart the PostgreSQL server N times (default 2) during a drain (``pg_ctlcluster … restart``)
   freeze  SIGSTOP a holder inside an open ``ctx.transaction()`` beyond its lease (``lab_hold``), 3 times
   poison  one poison row in a batch of 50, run until every row is done or dead
 
@@ -16,7 +17,8 @@ effect), and dead rows. Targets: 0 lost, 0 doubled, stalls within LEASE_SECONDS 
 of a run), exactly one dead row for the one poison row.
 
 It uses its own database, ``fabrika_chaos`` (``--database-url``), whose lab tables it empties, and whose sessions
-commit without waiting for the WAL flush (no experiment crashes the server).
+commit without waiting for the WAL flush (a restart is a clean shutdown, which flushes). The restarts stop every
+other session of the server: run it where nothing else uses that PostgreSQL (``--restarts 0`` skips them).
 """
 
 from __future__ import annotations
@@ -232,8 +234,12 @@ def _cut_sessions() -> int:
 # --- the experiments -----------------------------------------------------------------------------------
 
 
-def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault) -> dict:  # type: ignore[no-untyped-def]
-    """Drain ``rows`` with two workers, calling ``fault(workers)`` ``faults`` times once work has resumed."""
+def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault, *, recover_from_end: bool = False) -> dict:  # type: ignore[no-untyped-def]
+    """Drain ``rows`` with two workers, calling ``fault(workers)`` ``faults`` times once work has resumed.
+
+    Recovery counts from the fault, or with ``recover_from_end`` from the end of a fault that lasts (a restart:
+    from the server's being back); the stall counts the whole gap either way.
+    """
     from django.utils import timezone
 
     from fabrika_django import kick
@@ -248,13 +254,15 @@ def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault) -> dict:  #
     lab.wait(lambda: _effect_after(began), "the first effect")
     recoveries = []
     done = 0
-    for _ in range(faults):
+    while done < faults:
         if not Item.objects.due_now().exists():
             break
         time.sleep(0.5)  # some work between faults, as a real outage leaves
         at = timezone.now()
         if not fault(workers):
-            continue
+            continue  # nobody held the lease at that instant (a run was starting): try again, it does not count
+        if recover_from_end:
+            at = timezone.now()
         done += 1
         after = lab.wait(
             lambda at=at: _effect_after(at) or (not Item.objects.due_now().exists() and "drained"),
@@ -298,6 +306,26 @@ def kills(lab: Lab, rows: int, count: int) -> dict:
 
 def cuts(lab: Lab, rows: int, count: int) -> dict:
     return _drain_under(lab, "cut every session", rows, count, lambda workers: _cut_sessions() > 0)
+
+
+def _restart_server() -> bool:
+    """A clean restart of the local PostgreSQL cluster (``pg_ctlcluster``); this process reconnects after it."""
+    from django.db import connection
+
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+    )
+    connection.close()  # the old session died with the server: the next query opens a new one
+    return True
+
+
+def restarts(lab: Lab, rows: int, count: int) -> dict:
+    return _drain_under(
+        lab, "restart the server", rows, count, lambda workers: _restart_server(), recover_from_end=True
+    )
 
 
 def freeze(lab: Lab, count: int) -> dict:
@@ -392,6 +420,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20_000, help="rows of the kill experiment's drain")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--cuts", type=int, default=10)
+    parser.add_argument("--restarts", type=int, default=2, help="server restarts (0: none; needs pg_ctlcluster)")
     parser.add_argument("--freezes", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=10.0, help="give up after this long")
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs and print their paths")
@@ -405,14 +434,17 @@ def main() -> None:
     experiments = [
         lambda: kills(lab, args.rows, args.kills),
         lambda: cuts(lab, max(2_000, args.rows // 4), args.cuts),
-        lambda: freeze(lab, args.freezes),
+        lambda: restarts(lab, max(2_000, args.rows // 4), args.restarts) if args.restarts else None,
+        lambda: freeze(lab, args.freezes) if args.freezes else None,
         lambda: poison(lab),
     ]
     _header()
     try:
         for experiment in experiments:
-            results.append(experiment())
-            _line(results[-1])
+            result = experiment()
+            if result is not None:
+                results.append(result)
+                _line(result)
     finally:
         lab.end_all()
         _footer(results, lab.doubles())

@@ -75,7 +75,10 @@ def _fill_history(cursor, rows: int) -> None:
         out(f"fabrika_django_attempt already holds {rows:,} rows of the last {HISTORY_DAYS} days")
         return
     started = time.perf_counter()
-    cursor.execute("TRUNCATE fabrika_django_attempt, fabrika_django_queuesample")
+    cursor.execute(
+        "TRUNCATE fabrika_django_attempt, fabrika_django_queuesample, fabrika_django_attempthour, "
+        "fabrika_django_foldedhour"
+    )
     cursor.execute(
         "INSERT INTO fabrika_django_attempt (job, run_id, trigger, number, holder, started, finished, outcome, "
         "error_class, frames, message) "
@@ -219,49 +222,82 @@ def main(argv: list[str] | None = None) -> None:
         for (line,) in cursor.fetchall():
             out(f"  {line}")
     out()
-    _bench_sampling(Item, options.repeat)
-    out()
+    with connection.cursor() as cursor:
+        _fill_history(cursor, options.history)
     _bench_page(options.history, options.repeat)
+    out()
+    _bench_sampling(Item, options.repeat)
 
 
 def _bench_sampling(model, repeat: int) -> None:
-    """The sampling job's work: a count per queue table (no done count) and one insert, in a transaction."""
-    from django.db import transaction
+    """The sampling job's work, in its transaction: a count per queue table (no done count), one insert, and the
+    fold of the hours just over (nothing most runs; one hour in the first run after an hour ends)."""
+    from datetime import timedelta
+
+    from django.db import connection, transaction
     from django.utils import timezone
 
-    from fabrika_django._history import take_samples
-    from fabrika_django.models import QueueSample
+    from fabrika_django._history import FOLD_GRACE, fold_hours, hour_slots, take_samples
+    from fabrika_django._report import count_sql
+    from fabrika_django.models import FoldedHour, QueueSample
 
-    def sample() -> None:
+    def sample(refold: bool) -> None:
+        now = timezone.now()
         with transaction.atomic():
-            QueueSample.objects.bulk_create(take_samples(timezone.now()))
+            if refold:  # as in the first run after an hour (and its grace) ended
+                last = max(slot for slot in hour_slots(now) if slot + timedelta(hours=1) + FOLD_GRACE <= now)
+                FoldedHour.objects.filter(hour=last).delete()
+            QueueSample.objects.bulk_create(take_samples(now))
+            fold_hours(now)
             transaction.set_rollback(True)  # measured, not kept: the charts' samples stay as filled
 
-    times = _time(sample, repeat)
-    _summary(f"sampling job ({len(_queue_labels())} queue tables, one of 1M rows)", times)
+    tables = len(_queue_labels())
+    times = _time(lambda: sample(False), repeat)
+    _summary(f"sampling job ({tables} queue tables, one of 1M rows)", times)
     out(f"  budget 50 ms: median at {statistics.median(times) / 50:.0%} of it")
+    _summary("sampling job, the run that folds an hour", _time(lambda: sample(True), repeat))
+    out()
+    sql, params = count_sql(model, timezone.now(), connection.alias, None, done=False)
+    with connection.cursor() as cursor:
+        _explain(cursor, "the sampling job's count of the 1M-row table", sql, params)
 
 
 def _bench_page(history: int, repeat: int) -> None:
-    from django.db import connection
+    from datetime import timedelta
+
+    from django.db import connection, transaction
     from django.utils import timezone
 
-    from fabrika_django._history import hour_slots, hourly_sql
+    from fabrika_django._history import fold_hours, hour_slots, hourly_sql
     from fabrika_django.jobs import registry
+    from fabrika_django.models import AttemptHour, FoldedHour
 
     _bench_jobs()
-    with connection.cursor() as cursor:
-        _fill_history(cursor, history)
     render = _render_overview()
-    size = render()
+    with transaction.atomic():
+        FoldedHour.objects.all().delete()  # as before the first sampling run: the whole day read from attempts
+        size = render()
+        unfolded = _time(render, max(3, repeat // 4))
+        transaction.set_rollback(True)
+    started = time.perf_counter()
+    folded = fold_hours(timezone.now())
+    out(f"folded {folded} hours of {history:,} attempts' last day in {(time.perf_counter() - started) * 1000:.0f} ms")
     times = _time(render, repeat)
     _summary(f"overview page ({history:,} attempts, {len(registry)} jobs)", times)
+    _summary("  the same before any hour is folded", unfolded)
     out(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs while measured")
     out(f"  {size:,} bytes of HTML; budget 300 ms: median at {statistics.median(times) / 300:.0%} of it")
     out()
-    since = hour_slots(timezone.now())[0]
+    slots = hour_slots(timezone.now())
+    stored = AttemptHour.objects.filter(hour__gte=slots[0], hour__lt=slots[-1], job__in=[job.name for job in registry])
     with connection.cursor() as cursor:
-        _explain(cursor, "the charts' attempts and durations per job and hour", *hourly_sql(connection, since))
+        _explain(cursor, "the overview's read of the folded hours", *stored.query.sql_with_params())
+        _explain(
+            cursor,
+            "the overview's read of the current hour",
+            *hourly_sql(connection, slots[-1], slots[-1] + timedelta(hours=1)),
+        )
+        _explain(cursor, "the fold of one hour (the sampling job)", *hourly_sql(connection, slots[-2], slots[-1]))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """The last day, hour by hour: attempts per job by outcome and their durations, each queue's sampled backlog.
 
-Every read is bounded by time: the attempts started in the last 24 hours (through the index on ``started``),
-and the samples taken in them (through the index on ``(queue, sampled)``), aggregated in the database where
-it can, so the overview costs the same on a month of history as on a day of it.
+Every read is bounded by time. Attempts: once an hour is over, the sampling job folds its attempts into one
+``AttemptHour`` row per job (counts by outcome band, a histogram of durations: ``_digest``), so the overview
+reads at most 24 rows per job plus the attempts of the hour or two not folded yet (through the index on
+``started``), and costs the same on a month of history as on a day of it. Samples: those taken in the last
+24 hours, through the index on ``(queue, sampled)``, grouped in the database.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,15 +19,18 @@ from django.db import connections, router
 from django.db.models import Max
 from django.db.models.functions import TruncHour
 
-from . import _jobstate, _report  # modules, not their names: _report imports this one (through _health)
-from .models import Attempt, QueueSample
+from . import _digest, _jobstate, _report  # modules, not their names: _report imports this one (through _health)
+from .models import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
 
 HOURS = 24
+
+#: An hour is folded this long after it ended (see ``fold_hours``).
+FOLD_GRACE = timedelta(minutes=5)
+_HOUR = timedelta(hours=1)
 
 #: Outcomes drawn as their own band; every other failure code is drawn as "other failure".
 OUTCOME_BANDS = ("succeeded", "handler_failed", "timed_out", "interrupted", "other")
 _INTERRUPTED = frozenset({"lease_lost", "shutdown", "crashed"})
-_NAMED_BANDS = ("succeeded", "handler_failed", "timed_out")
 
 
 @dataclass
@@ -63,41 +68,100 @@ def outcome_band(outcome: str) -> str:
 def job_hours(names: list[str], now: datetime) -> dict[str, JobHours]:
     """Read the last day of attempts of the jobs ``names``, however long the history.
 
-    PostgreSQL: one grouped statement (counts by band and ``percentile_cont``). Elsewhere: counts grouped in
-    the database, durations ranked here with the same interpolation, fine for SQLite's one process and modest
-    histories.
+    Hours the sampling job folded (``fold_hours``) are read from their ``AttemptHour`` rows; the rest, from the
+    first hour not folded on (the current one, and the last one for a few minutes after it ends), from the
+    attempts themselves, folded here the same way. p50 and p95 come from the folded durations' buckets
+    (``_digest``: within a bucket's width, 9 % of the value, of the exact percentile).
     """
     slots = hour_slots(now)
     index = {slot: position for position, slot in enumerate(slots)}
     hours = {name: JobHours(name) for name in names}
-    connection = connections[router.db_for_read(Attempt)]
-    if connection.vendor == "postgresql":
-        sql, params = hourly_sql(connection, slots[0])
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        for job, hour, total, *counts, interrupted, (p50, p95) in rows:
-            position = index.get(hour.replace(tzinfo=UTC))
-            if job not in hours or position is None:
-                continue
-            row = hours[job]
-            for band, count in (*zip(_NAMED_BANDS, counts, strict=True), ("interrupted", interrupted)):
-                row.counts[band][position] = count
-            row.counts["other"][position] = total - sum(counts) - interrupted
-            row.p50[position], row.p95[position] = float(p50), float(p95)
-        return hours
-    for job, hour, outcome, count in _jobstate.attempt_counts(names, slots[0]):
-        position = index.get(_utc_hour(hour))
+    digests: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    folded = {_utc_hour(hour) for hour in FoldedHour.objects.filter(hour__gte=slots[0]).values_list("hour", flat=True)}
+    live_from = next((slot for slot in slots if slot not in folded), slots[-1] + _HOUR)
+    stored = AttemptHour.objects.filter(hour__gte=slots[0], hour__lt=live_from, job__in=names)
+    for row in stored:
+        position = index.get(_utc_hour(row.hour))
         if position is not None:
-            hours[job].counts[outcome_band(outcome)][position] += count
-    for job, position, p50, p95 in _duration_percentiles(names, slots):
-        hours[job].p50[position], hours[job].p95[position] = p50, p95
+            _add(hours[row.job], digests[row.job, position], position, _Tally.of(row))
+    tallies, _running = _tallies(live_from, slots[-1] + _HOUR)
+    for (job, hour), tally in tallies.items():
+        position = index.get(hour)
+        if job in hours and position is not None:
+            _add(hours[job], digests[job, position], position, tally)
+    for (job, position), counts in digests.items():
+        hours[job].p50[position] = _digest.percentile(counts, 0.5)
+        hours[job].p95[position] = _digest.percentile(counts, 0.95)
     return hours
 
 
-def hourly_sql(connection: Any, since: datetime) -> tuple[str, list[Any]]:
-    """PostgreSQL's statement of ``job_hours`` (``_jobstate`` writes it; bench/overview.py explains it)."""
-    return _jobstate.attempt_hours_sql(connection, since, list(_NAMED_BANDS), sorted(_INTERRUPTED))
+def _add(hours: JobHours, digest: dict[int, int], position: int, tally: _Tally) -> None:
+    for band, count in tally.counts.items():
+        hours.counts[band][position] += count
+    for bucket, count in tally.durations.items():
+        digest[bucket] = digest.get(bucket, 0) + count
+
+
+@dataclass
+class _Tally:
+    """One job's attempts of one hour, folded: how many ended in each band, and their durations by bucket."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOME_BANDS, 0))
+    durations: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: AttemptHour) -> _Tally:
+        return cls({band: getattr(row, band) for band in OUTCOME_BANDS}, _digest.decode(row.durations))
+
+    def row(self, job: str, hour: datetime) -> AttemptHour:
+        return AttemptHour(job=job, hour=hour, durations=_digest.encode(self.durations), **self.counts)
+
+
+def _tallies(since: datetime, until: datetime) -> tuple[dict[tuple[str, datetime], _Tally], dict[datetime, int]]:
+    """Fold the attempts started in ``[since, until)`` per job and hour; and count per hour those still running.
+
+    PostgreSQL groups them in one statement (``_jobstate.attempt_hours_sql``); elsewhere they are read here,
+    fine for SQLite's one process and the hour or two read outside the folded ones.
+    """
+    tallies: dict[tuple[str, datetime], _Tally] = defaultdict(_Tally)
+    running: dict[datetime, int] = defaultdict(int)
+    for job, hour, outcome, bucket, count in _grouped_attempts(since, until):
+        if outcome == Outcome.RUNNING:
+            running[hour] += count
+            continue
+        tally = tallies[job, hour]
+        tally.counts[outcome_band(outcome)] += count
+        if bucket is not None:
+            tally.durations[bucket] = tally.durations.get(bucket, 0) + count
+    return tallies, running
+
+
+def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, datetime, str, int | None, int]]:
+    """(job, hour, outcome, duration bucket or None, count) of the attempts started in ``[since, until)``."""
+    connection = connections[router.db_for_read(Attempt)]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(*hourly_sql(connection, since, until))
+            rows = cursor.fetchall()
+        hours: dict[Any, datetime] = {}  # a day read whole (before its first fold) is thousands of rows
+        for job, hour, outcome, bucket, count in rows:
+            if hour not in hours:
+                hours[hour] = _utc_hour(hour)
+            yield job, hours[hour], outcome, bucket, count
+        return
+    grouped: dict[tuple[str, datetime, str, int | None], int] = defaultdict(int)
+    for job, started, finished, outcome in _jobstate.attempt_ends(since, until):
+        bucket = None
+        if finished is not None and outcome != Outcome.RUNNING:
+            bucket = _digest.bucket_of(max(0.0, (finished - started).total_seconds()))  # clocks of two hosts
+        grouped[job, _utc_hour(started).replace(minute=0, second=0, microsecond=0), outcome, bucket] += 1
+    for (job, hour, outcome, bucket), count in grouped.items():
+        yield job, hour, outcome, bucket, count
+
+
+def hourly_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL's statement of an hour's fold (``_jobstate`` writes it; bench/overview.py explains it)."""
+    return _jobstate.attempt_hours_sql(connection, since, until)
 
 
 def _utc_hour(moment: Any) -> datetime:
@@ -106,26 +170,46 @@ def _utc_hour(moment: Any) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _duration_percentiles(names: list[str], slots: list[datetime]) -> list[tuple[str, int, float, float]]:
-    """Return (job, hour's position, p50, p95) of ended attempts' durations, ranked here (off PostgreSQL)."""
-    index = {slot: position for position, slot in enumerate(slots)}
-    durations: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for job, started, ended in _jobstate.attempt_times(names, slots[0]):
-        position = index.get(_utc_hour(started).replace(minute=0, second=0, microsecond=0))
-        if position is not None:
-            durations[job, position].append(max(0.0, (ended - started).total_seconds()))  # clocks of two hosts
-    return [
-        (job, position, _percentile(values, 0.5), _percentile(values, 0.95))
-        for (job, position), values in durations.items()
-    ]
+def fold_hours(now: datetime) -> int:
+    """Fold each hour of the last day that is over and not folded yet (or had attempts running when it was)
+    into ``AttemptHour`` rows, and mark it in ``FoldedHour``; return how many hours were folded.
+
+    An hour is folded ``FOLD_GRACE`` after its end: an attempt's start is its worker's clock, and a worker whose
+    clock is behind the sampler's may still start one "in" the hour just ended. Run in one transaction (the
+    sampling job's): a reader sees an hour's rows before or after its fold, never half of them.
+    """
+    slots = hour_slots(now)
+    known = dict(FoldedHour.objects.filter(hour__gte=slots[0]).values_list("hour", "running"))
+    known = {_utc_hour(hour): running for hour, running in known.items()}
+    todo = [slot for slot in slots if slot + _HOUR + FOLD_GRACE <= now and known.get(slot, 1) > 0]
+    for first, last in _consecutive(todo):
+        tallies, running = _tallies(first, last + _HOUR)
+        AttemptHour.objects.filter(hour__gte=first, hour__lte=last).delete()
+        AttemptHour.objects.bulk_create([tally.row(job, hour) for (job, hour), tally in sorted(tallies.items())])
+        folded = [slot for slot in todo if first <= slot <= last]
+        FoldedHour.objects.filter(hour__in=folded).delete()
+        FoldedHour.objects.bulk_create([FoldedHour(hour=slot, folded=now, running=running[slot]) for slot in folded])
+    return len(todo)
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    """Linear interpolation between closest ranks, as PostgreSQL's ``percentile_cont``."""
-    ordered = sorted(values)
-    rank = fraction * (len(ordered) - 1)
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+def _consecutive(slots: list[datetime]) -> Iterator[tuple[datetime, datetime]]:
+    """(first, last) of each run of consecutive hours in ``slots`` (sorted): one statement reads each run."""
+    first = previous = None
+    for slot in slots:
+        if previous is not None and slot - previous != _HOUR:
+            yield first, previous  # type: ignore[misc]
+            first = None
+        first, previous = first or slot, slot
+    if first is not None:
+        yield first, previous  # type: ignore[misc]
+
+
+def prune_folds(cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` folded hours (and their attempt hours) before ``cutoff``, oldest first."""
+    hours = list(FoldedHour.objects.filter(hour__lt=cutoff).order_by("hour").values_list("hour", flat=True)[:batch])
+    stale = list(AttemptHour.objects.filter(hour__lt=cutoff).order_by("pk").values_list("pk", flat=True)[:batch])
+    deleted = AttemptHour.objects.filter(pk__in=stale).delete()[0] if stale else 0
+    return int(deleted + (FoldedHour.objects.filter(hour__in=hours).delete()[0] if hours else 0))
 
 
 def queue_hours(labels: list[str], now: datetime) -> dict[str, QueueHours]:

@@ -20,16 +20,16 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection as default_connection
 from django.db import connections, router, transaction
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Coalesce, Now, TruncHour
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from . import _prepared
+from . import _digest, _prepared
 from ._channel import CHANNEL
 from ._running import framework_write
 from .conf import settings
@@ -756,39 +756,24 @@ def first_attempt_started(name: str, holder: str, since: datetime) -> datetime |
     return started.values_list("started", flat=True).first()
 
 
-def attempt_hours_sql(
-    connection: Any, since: datetime, bands: list[str], interrupted: list[str]
-) -> tuple[str, list[Any]]:
-    """PostgreSQL's one statement of the charts (bench/overview.py explains it).
+def attempt_hours_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
 
-    Per job and hour of the attempts ended since ``since``: how many, how many of each outcome in ``bands``,
-    how many of ``interrupted``, and the duration's p50 and p95 (``percentile_cont``, as ``_history`` computes
-    it elsewhere). Over every job: filtering by name costs more than the rows of jobs no longer registered.
+    Per job, hour (UTC) of the start, outcome and duration bucket (``_digest.bucket_sql``; null while running) of
+    the attempts started in ``[since, until)``: how many. Through the index on ``started``; over every job:
+    filtering by name costs more than the rows of jobs no longer registered.
     """
     table = connection.ops.quote_name(Attempt._meta.db_table)
-    per_band = ", ".join(["count(*) FILTER (WHERE outcome = %s)"] * len(bands))
-    marks = ", ".join(["%s"] * len(interrupted))
+    bucket = _digest.bucket_sql("greatest(extract(epoch FROM finished - started)::float8, 0)")
     sql = (
-        f"SELECT job, date_trunc('hour', started AT TIME ZONE 'UTC'), count(*), {per_band}, "  # noqa: S608
-        f"count(*) FILTER (WHERE outcome IN ({marks})), percentile_cont(ARRAY[0.5, 0.95]) "
-        "WITHIN GROUP (ORDER BY greatest(extract(epoch FROM finished - started), 0)) "
-        f"FROM {table} WHERE started >= %s AND finished IS NOT NULL AND outcome <> %s GROUP BY 1, 2"
+        f"SELECT job, date_trunc('hour', started AT TIME ZONE 'UTC'), outcome, "  # noqa: S608  quoted name
+        f"CASE WHEN finished IS NULL OR outcome = %s THEN NULL ELSE {bucket} END, count(*) "
+        f"FROM {table} WHERE started >= %s AND started < %s GROUP BY 1, 2, 3, 4"
     )
-    return sql, [*bands, *interrupted, since, Outcome.RUNNING.value]
+    return sql, [Outcome.RUNNING.value, since, until]
 
 
-def attempt_counts(names: list[str], since: datetime) -> Any:
-    """(job, hour, outcome, count) of the named jobs' attempts ended since ``since``, grouped by the database."""
-    recent = Attempt.objects.filter(started__gte=since, job__in=names).exclude(outcome=Outcome.RUNNING)
-    return (
-        recent.annotate(hour=TruncHour("started", tzinfo=UTC))
-        .values_list("job", "hour", "outcome")
-        .annotate(count=Count("id"))
-        .order_by()
-    )
-
-
-def attempt_times(names: list[str], since: datetime) -> Any:
-    """(job, started, finished) of the named jobs' attempts ended since ``since``, read in chunks."""
-    ended = Attempt.objects.filter(started__gte=since, job__in=names, finished__isnull=False)
-    return ended.exclude(outcome=Outcome.RUNNING).values_list("job", "started", "finished").iterator(chunk_size=2000)
+def attempt_ends(since: datetime, until: datetime) -> Any:
+    """(job, started, finished, outcome) of the attempts started in ``[since, until)``, read in chunks."""
+    started = Attempt.objects.filter(started__gte=since, started__lt=until)
+    return started.values_list("job", "started", "finished", "outcome").iterator(chunk_size=2000)

@@ -218,15 +218,18 @@ _PRUNE_BATCH = 1000
 
 @cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
 def prune_history(ctx: JobContext) -> None:
-    """Delete attempt history and queue samples older than ``RUN_HISTORY_DAYS``, mail ledger keys older than
-    ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in bounded batches."""
+    """Delete attempt history, queue samples and folded hours older than ``RUN_HISTORY_DAYS``, mail ledger keys
+    older than ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in batches."""
     # Both import the models: this module is imported before the app registry is ready.
     from . import _history, _jobstate
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
     pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
     samples = _in_batches(ctx, lambda: _history.prune_samples(cutoff, _PRUNE_BATCH))
-    ctx.log.debug("Pruned attempts=%d samples=%d older_than_days=%d", pruned, samples, settings.RUN_HISTORY_DAYS)
+    folds = _in_batches(ctx, lambda: _history.prune_folds(cutoff, _PRUNE_BATCH))
+    ctx.log.debug(
+        "Pruned attempts=%d samples=%d folds=%d older_than_days=%d", pruned, samples, folds, settings.RUN_HISTORY_DAYS
+    )
     _prune_mail_ledger(ctx)
     _prune_task_results(ctx)
 
@@ -281,10 +284,13 @@ def sweep_files(ctx: JobContext) -> None:
 
 @cron("*/5 * * * *", name="fabrika_sample_queues", timeout=timedelta(minutes=4))
 def sample_queues(ctx: JobContext) -> None:
-    """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health."""
+    """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health; and
+    fold the attempts of each hour just over into the charts' hourly rows."""
     from . import _history  # it imports the models, as above
 
-    samples = _history.take_samples(ctx.now())  # counted outside the transaction: it holds only the insert
+    now = ctx.now()
+    samples = _history.take_samples(now)  # counted outside the transaction: it holds only the insert
     with ctx.transaction():
         _history.save_samples(samples)
-    ctx.log.debug("Sampled queues=%d", len(samples))
+        folded = _history.fold_hours(now)
+    ctx.log.debug("Sampled queues=%d folded_hours=%d", len(samples), folded)

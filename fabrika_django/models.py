@@ -436,3 +436,44 @@ class QueueSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.sampled:%Y-%m-%d %H:%M}"
+
+
+class AttemptHour(models.Model):
+    """One job's attempts that started in one hour (UTC): how many ended in each outcome band, and a histogram
+    of their durations (``_digest``). Folded by the sampling job from the attempt history once the hour is over,
+    so the overview's charts read 24 rows per job instead of a day of attempts; pruned with the history."""
+
+    hour = models.DateTimeField(_("hour"))
+    job = models.CharField(_("job"), max_length=100)
+    succeeded = models.PositiveIntegerField(_("succeeded"), default=0)
+    handler_failed = models.PositiveIntegerField(_("handler failed"), default=0)
+    timed_out = models.PositiveIntegerField(_("timed out"), default=0)
+    interrupted = models.PositiveIntegerField(_("interrupted"), default=0)
+    other = models.PositiveIntegerField(_("other failure"), default=0)
+    durations = models.TextField(_("durations"), blank=True, help_text=_("attempts per duration bucket"))
+
+    class Meta:
+        verbose_name = _("attempt hour")
+        verbose_name_plural = _("attempt hours")
+        constraints = [models.UniqueConstraint(fields=["hour", "job"], name="fabrika_attempthour_hour_job")]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.hour:%Y-%m-%d %H:00}"
+
+
+class FoldedHour(models.Model):
+    """An hour whose attempts the sampling job folded into ``AttemptHour`` rows (every job's, none if none ran).
+
+    ``running``: attempts of the hour still running when it was folded; the hour is folded again while any
+    are, so an attempt that ends later is counted."""
+
+    hour = models.DateTimeField(_("hour"), unique=True)
+    folded = models.DateTimeField(_("folded"))
+    running = models.PositiveIntegerField(_("running"), default=0)
+
+    class Meta:
+        verbose_name = _("folded hour")
+        verbose_name_plural = _("folded hours")
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00}"

@@ -190,6 +190,7 @@ def _run_attempts(
         if stop is None and seconds > 0:
             time.sleep(seconds)
         number += 1
+        _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
         if not _jobstate.rotate(lease, number, _lease_seconds(job)):
             outcome = "lease_lost"
@@ -312,6 +313,18 @@ def record_kept_outcomes() -> None:
         _jobstate.end_attempt(*item)
         with _kept_lock:
             _kept.remove(item)
+
+
+def _record_kept_outcomes_quietly() -> None:
+    """Write kept outcomes before a run's next attempt: a run that goes on is never cut off, so no orphan scan
+    would write them, and an attempt left ``running`` is later marked ``crashed`` by whoever takes the job over."""
+    if not _kept:
+        return
+    try:
+        record_kept_outcomes()
+    except Exception as exc:  # still away: the next attempt's start fails too, and the worker's scan retries
+        logger.warning("Could not record kept outcomes error=%s", type(exc).__name__)
+        default_connection.close_if_unusable_or_obsolete()
 
 
 __all__ = ["RunResult", "run", "sync_jobs"]

@@ -182,6 +182,7 @@ class Worker:
         try:
             if not self._prepared:
                 self._prepare()
+            runner.record_kept_outcomes()  # ends written while the database was away: first, and cheap when none
             if self._orphans:
                 self._release_orphans()
             states = self._read_states()

@@ -729,6 +729,20 @@ def test_count_queue_answers_an_aware_oldest_due_on_every_backend():
     assert (counts.waiting, counts.due_now, counts.dead, counts.done, counts.oldest_due) == (1, 1, 0, 0, due)
 
 
+@pytest.mark.parametrize("cap", [None, 10])
+@pytest.mark.parametrize("done", [True, False])
+def test_the_count_statement_compiled_once_takes_each_moment_as_compiling_it_then_would(cap, done):
+    from fabrika_django._report import _compile_count
+
+    for now in (timezone.now(), timezone.now() - timedelta(days=400, microseconds=7)):
+        assert count_sql(Reminder, now, "default", cap, done=done) == _compile_count(
+            Reminder, now, "default", cap, done=done
+        )
+    ReminderFactory(due=timezone.now() - timedelta(minutes=1))
+    ReminderFactory(due=timezone.now() + timedelta(minutes=1))
+    assert (count_queue(Reminder, timezone.now()).due_now, count_queue(Reminder, timezone.now()).waiting) == (1, 2)
+
+
 @pytest.mark.postgresql
 def test_overview_counting_reads_the_partial_index_not_the_whole_table():
     now = timezone.now()

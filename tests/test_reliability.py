@@ -217,6 +217,57 @@ def test_an_attempt_whose_end_cannot_be_written_keeps_its_outcome_until_the_data
     assert failures == {"end_attempt": 0, "end_run": 0}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_outcome_is_written_when_the_run_goes_on_to_its_next_attempt(monkeypatch):
+    """A server restart: the first attempt's end cannot be written, the run retries and succeeds.
+
+    The first attempt must end as it ended (handler_failed), not stay ``running`` until a takeover marks it
+    ``crashed`` (the chaos bench's restarts showed that).
+    """
+    from django.conf import settings as django_settings
+    from django.db import OperationalError
+    from django.test import override_settings
+
+    from fabrika_django import _jobstate
+    from fabrika_django.worker import Worker
+
+    real_end_attempt = _jobstate.end_attempt
+    failures = {"end_attempt": 2}  # the attempt's end, and the retry on a new connection
+
+    def end_attempt(*args, **kwargs):
+        if failures["end_attempt"]:
+            failures["end_attempt"] -= 1
+            raise OperationalError("the database system is shutting down")
+        return real_end_attempt(*args, **kwargs)
+
+    monkeypatch.setattr(_jobstate, "end_attempt", end_attempt)
+    calls = []
+
+    def fails_once(ctx):
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise OperationalError("terminating connection due to administrator command")
+
+    def attempts():
+        return list(Attempt.objects.filter(job="fails_once").order_by("number").values_list("number", "outcome"))
+
+    with temporary_job(fails_once, retries=1):
+        worker = Worker(install_signals=False, only=["fails_once"])
+        thread = threading.Thread(target=worker.run)
+        with override_settings(FABRIKA={**django_settings.FABRIKA, "POLL_INTERVAL": 0.05}):
+            thread.start()
+            try:
+                kick("fails_once")
+                wait_until(lambda: (2, "succeeded") in attempts(), what="the second attempt's success")
+                wait_until(lambda: not Lease.objects.filter(job="fails_once", token__isnull=False).exists(),
+                           what="the run's end")  # fmt: skip
+            finally:
+                worker.stop()
+                thread.join(30)
+    assert calls == [1, 2]
+    assert attempts() == [(1, "handler_failed"), (2, "succeeded")]
+
+
 # -- 4. a stale attempt's end leaves the job's summary alone -------------------------------------------
 
 

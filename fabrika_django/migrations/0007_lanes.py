@@ -12,7 +12,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fabrika_django', '0005_queuesample'),
+        ('fabrika_django', '0006_attempt_hours'),
     ]
 
     operations = [
