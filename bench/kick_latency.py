@@ -282,7 +282,7 @@ def _floor_listener() -> int:
             start = Start(job=note.payload, trigger="kick", holder="floor", seconds=30, max_attempt=1)
             starter.execute(start_sql, start.params())
             started = time.time()
-            (attempt,) = starter.fetchone()
+            attempt = starter.fetchone()[0]
             starter.execute(
                 "UPDATE fabrika_django_lease SET token = NULL, run_id = NULL, attempt = 0, expires = NULL "
                 "WHERE job = %s",

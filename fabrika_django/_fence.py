@@ -23,9 +23,11 @@ class LeaseFence:
     time the last renewal is known to cover.
     """
 
-    def __init__(self, job_name: str, token: uuid.UUID, signal: AbortSignal, valid_until: float) -> None:
+    def __init__(self, job_name: str, token: uuid.UUID, signal: AbortSignal, valid_until: float, lease_id: int) -> None:
         self.job_name = job_name
         self.token = token
+        #: The Lease row (one per job and lane) the attempt holds.
+        self.lease_id = lease_id
         self.signal = signal
         #: time.monotonic() up to which the lease is known to be ours (measured before the renewal was sent).
         self.valid_until = valid_until
@@ -52,16 +54,16 @@ class LeaseFence:
         with connection.cursor() as cursor:
             if connection.vendor == "sqlite":
                 # SQLite has no row locks: a write takes the database write lock for the transaction.
-                cursor.execute(sql, [self.job_name, token])
+                cursor.execute(sql, [self.lease_id, token])
                 held = cursor.rowcount == 1
             elif connection.vendor == "postgresql":
-                held = _begin_with(connection, cursor, sql, [self.job_name, token])
+                held = _begin_with(connection, cursor, sql, [self.lease_id, token])
             elif connection.vendor == "mysql":
-                cursor.execute(sql, [self.job_name, token])  # answers whether the token's row is the job's
+                cursor.execute(sql, [self.lease_id, token])  # answers whether the token's row is the job's
                 found = cursor.fetchone()
                 held = found is not None and bool(found[0])
             else:
-                cursor.execute(sql, [self.job_name, token])
+                cursor.execute(sql, [self.lease_id, token])
                 held = cursor.fetchone() is not None
         if not held:
             self.signal.abort("lease_lost")

@@ -25,13 +25,15 @@ from typing import Any
 
 from django.db import connection as default_connection
 from django.db import connections, router, transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
-from django.db.models.functions import Now
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from . import _digest, _prepared
 from ._channel import CHANNEL
 from ._running import framework_write
+from .conf import settings
+from .jobs import registry
 from .models import Attempt, Job, Lease, Outcome
 
 logger = logging.getLogger("fabrika_django.runner")
@@ -52,22 +54,25 @@ def lease_active(now: datetime) -> Q:
 
 
 def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
-    """Read the ``Job`` row of each named job with ``active`` and ``holder`` from its lease.
+    """Read the ``Job`` row of each named job with ``active``, ``active_lanes``, ``lanes`` and ``holder``.
+
+    ``active_lanes`` counts the job's runs active now (one a lane); ``holder`` is one of their holders.
 
     Jobs without rows yet (never run, no worker started since they were declared) answer the defaults of a
     fresh row: nothing is written on a read.
     """
     fresh = {field.attname: field.get_default() for field in Job._meta.concrete_fields}
     rows = {row["name"]: row for row in Job.objects.filter(name__in=names).values()}
-    active = {
-        row["job"]: row["holder"]
-        for row in Lease.objects.filter(lease_active(now), job__in=names).values("job", "holder")
-    }
+    active: dict[str, list[str]] = {}
+    for row in Lease.objects.filter(lease_active(now), job__in=names).values("job", "holder").order_by("lane"):
+        active.setdefault(row["job"], []).append(row["holder"])
     states = {}
     for name in names:
         state = dict(rows.get(name) or {**fresh, "name": name})
         state["active"] = name in active
-        state["holder"] = active.get(name)
+        state["active_lanes"] = len(active.get(name, ()))
+        state["lanes"] = _lanes_of(name)
+        state["holder"] = active[name][0] if name in active else None
         state["pending"] = state["pending_since"] is not None
         states[name] = state
     return states
@@ -76,6 +81,12 @@ def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
 def active_annotation(now: datetime) -> Any:
     """An ``Exists`` to annotate a ``Job`` queryset with ``active`` (the jobs admin)."""
     return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
+
+
+def active_lanes_annotation(now: datetime) -> Any:
+    """A subquery to annotate a ``Job`` queryset with ``active_lanes``: its runs active now (the jobs admin)."""
+    active = Lease.objects.filter(lease_active(now), job=OuterRef("name")).order_by()
+    return Coalesce(Subquery(active.values("job").annotate(count=Count("pk")).values("count")), 0)
 
 
 def job_names() -> set[str]:
@@ -95,7 +106,8 @@ def ensure_rows(names: list[str]) -> None:
     """Make the ``Job`` and ``Lease`` rows of the named jobs that have none yet."""
     with framework_write():
         Job.objects.bulk_create([Job(name=name) for name in names], ignore_conflicts=True)
-        Lease.objects.bulk_create([Lease(job=name) for name in names], ignore_conflicts=True)
+        leases = [Lease(job=name, lane=lane) for name in names for lane in range(_lanes_of(name))]
+        Lease.objects.bulk_create(leases, ignore_conflicts=True)
 
 
 def _lock_job(name: str) -> None:
@@ -109,9 +121,33 @@ def _lock_job(name: str) -> None:
 
 
 def _lock_job_row(name: str) -> bool:
-    if default_connection.features.has_select_for_update:
+    connection = default_connection
+    if connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1:
+        return _lock_job_row_bounded(connection, name)
+    if connection.features.has_select_for_update:
         return bool(list(Job.objects.select_for_update().filter(name=name).values_list("name")))
     return bool(Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row")))
+
+
+def _lock_job_row_bounded(connection: Any, name: str) -> bool:
+    """PostgreSQL: lock the Job row, and end this transaction's session if it sits idle past two leases.
+
+    Every start and end of a run holds the Job row for a few statements. A process stopped in between (SIGSTOP,
+    a VM paused) would hold it for as long as it stays stopped, and every other start and end of the job would
+    wait: with lanes, starts are frequent enough to meet it. The server ends such a session
+    (``idle_in_transaction_session_timeout``, for this transaction only), which rolls the transaction back;
+    its process, should it wake, finds its connection gone and takes the path of a cut connection. Only in a
+    transaction of the framework's own (not inside a caller's, such as a TestCase's).
+    """
+    table = connection.ops.quote_name(Job._meta.db_table)
+    bound = str(int(2000 * max(1.0, float(settings.LEASE_SECONDS))))
+    sql = (
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, true) "  # noqa: S608  quoted name
+        f"FROM {table} WHERE name = %s FOR UPDATE"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [bound, name])
+        return cursor.fetchone() is not None
 
 
 # -- kicks ----------------------------------------------------------------------------------------------
@@ -177,6 +213,20 @@ def notify(name: str, *, using: str | None = None) -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, name])
 
 
+def ask_for_lane(name: str, lanes: int) -> bool:
+    """Ask for one more run of ``name`` in a free lane (a run's claim came back full); True if this asked.
+
+    One statement, which writes only while the flag is down and a lane of the job is free: a job whose every
+    lane is busy costs its runs' full claims a read, not a write. Workers hear it as a kick.
+    """
+    free = Lease.objects.filter(job=name, lane__lt=lanes, token__isnull=True)
+    with framework_write():
+        asked = Job.objects.filter(Exists(free), name=name, lane_asked__isnull=True).update(lane_asked=Now())
+        if asked:
+            notify(name)
+    return bool(asked)
+
+
 def _is_pending(name: str) -> bool:
     return Job.objects.filter(name=name, pending_since__isnull=False).exists()
 
@@ -197,6 +247,8 @@ class Start:
     max_attempt: int
     #: False for a worker serving the pending flag: start only while it is up (see ``start_or_join``).
     mark_pending: bool = True
+    #: The job's lanes: how many runs of it may be active at once.
+    lanes: int = 1
     token: uuid.UUID = field(default_factory=uuid.uuid4)
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
@@ -225,17 +277,23 @@ class Started:
     holder: str
     #: The Attempt row of the attempt, inserted in the start's own commit.
     attempt_id: int
+    #: The lane (0-based) whose lease this is, and that Lease row's id.
+    lane: int = 0
+    lease_id: int = 0
+    #: The job's lanes when the run started.
+    lanes: int = 1
 
 
 def start_or_join(start: Start) -> Started | None:
-    """Take the job's lease for a new run, or mark the job pending if another run holds it (None).
+    """Take a lease of the job for a new run, or mark the job pending if it is busy (None).
 
-    A lease left expired by a holder that vanished (a crash, SIGKILL) is taken over: the cut-off attempt is
-    recorded ``crashed``, and its run goes on with its next attempt while it has retries left.
+    Which lane (``_pick_lane``): a lease left expired by a holder that vanished (a crash, SIGKILL) is taken
+    over first: the cut-off attempt is recorded ``crashed``, and its run goes on with its next attempt while
+    it has retries left. Else a free lane, when no run of the job is active (the seed's rule: kicks coalesce
+    into one pending run), or when a run whose claim came back full asked for one more lane (``ask_for_lane``).
 
-    ``mark_pending=False`` is a worker serving the pending flag (a kick it heard): with the lease free and the
-    flag already cleared, a run that started after the kick served it (another worker heard it too), so
-    nothing starts.
+    ``mark_pending=False`` is a worker serving the flags (a kick it heard): with the flags already cleared, a
+    run that started after the kick served it (another worker heard it too), so nothing starts.
     """
     with framework_write():
         started = _start_on_free_lease(start)
@@ -256,17 +314,21 @@ def _start_on_free_lease(start: Start) -> Started | None:
     connection = default_connection
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
-    sql = free_lease_start_sql(connection, require_pending=not start.mark_pending)
+    sql = free_lease_start_sql(connection, require_pending=not start.mark_pending, lanes=start.lanes)
     row = _prepared.fetchone(connection, sql, start.params())
     if row is None:
         return None
-    return Started(start.job, start.token, start.run_id, start.trigger, 1, start.holder, int(row[0]))
+    return Started(
+        start.job, start.token, start.run_id, start.trigger, 1, start.holder, int(row[0]), 0, int(row[1]), start.lanes
+    )
 
 
-def free_lease_start_sql(connection: Any, *, require_pending: bool) -> str:
+def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int = 1) -> str:
     """The statement of ``_start_on_free_lease`` (bench/kick_latency.py runs it alone, as the database's floor).
 
-    Parameters by name: ``Start.params()``.
+    Parameters by name: ``Start.params()``. It answers the Attempt row's id and the Lease row's id. It starts
+    only an idle job (no lane holds a token), in lane 0: every other start of a job with lanes decides under
+    the Job row's lock.
 
     Its commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction
     only), which saves a flush on the path from a kick to its handler. Losing it in a database crash loses
@@ -279,57 +341,110 @@ def free_lease_start_sql(connection: Any, *, require_pending: bool) -> str:
     attempt_table = quote(Attempt._meta.db_table)
     # Serving a kick: only while its flag is up (the flag is read again after the row lock is granted).
     pending = " AND pending_since IS NOT NULL" if require_pending else ""
+    # With lanes, only an idle job: no other lane's run is active or left expired.
+    idle = (
+        f" AND NOT EXISTS (SELECT 1 FROM {lease_table} AS other WHERE other.job = locked.name "  # noqa: S608
+        "AND other.token IS NOT NULL)"
+        if lanes > 1
+        else ""
+    )
     return (
         f"WITH locked AS (SELECT name FROM {job_table}, "  # noqa: S608  quoted names
         "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
         f"WHERE name = %(name)s{pending} FOR UPDATE OF {job_table}), "
         f"taken AS (UPDATE {lease_table} AS lease SET token = %(token)s, holder = %(holder)s, run_id = %(run_id)s, "
         "attempt = 1, expires = statement_timestamp() + %(seconds)s * interval '1 second' "
-        "FROM locked WHERE lease.job = locked.name AND lease.token IS NULL RETURNING lease.job), "
-        f"started AS (UPDATE {job_table} SET pending_since = NULL, last_run_id = %(run_id)s, "
+        f"FROM locked WHERE lease.job = locked.name AND lease.lane = 0 AND lease.token IS NULL{idle} "
+        "RETURNING lease.job, lease.id), "
+        f"started AS (UPDATE {job_table} SET pending_since = NULL, lane_asked = NULL, last_run_id = %(run_id)s, "
         "last_trigger = %(trigger)s, last_started = statement_timestamp() "
-        "WHERE name IN (SELECT job FROM taken) RETURNING name) "
-        f"INSERT INTO {attempt_table} (job, run_id, trigger, number, holder, started, outcome, error_class, "
-        "frames, message) SELECT name, %(run_id)s, %(trigger)s, 1, %(holder)s, statement_timestamp(), "
-        "%(outcome)s, '', '', '' FROM started RETURNING id"
+        "WHERE name IN (SELECT job FROM taken) RETURNING name), "
+        f"recorded AS (INSERT INTO {attempt_table} (job, run_id, trigger, number, lane, holder, started, outcome, "
+        "error_class, frames, message) SELECT name, %(run_id)s, %(trigger)s, 1, 0, %(holder)s, "
+        "statement_timestamp(), %(outcome)s, '', '', '' FROM started RETURNING id) "
+        "SELECT recorded.id, taken.id FROM recorded, taken"
     )
 
 
 def _start_under_job_lock(start: Start) -> Started | None:
-    """The general start, in the caller's transaction: the Job row's lock, then the lease (any backend)."""
+    """The general start, in the caller's transaction: the Job row's lock, then a lease (any backend)."""
     name, trigger, run_id, attempt = start.job, start.trigger, start.run_id, 1
     _lock_job(name)
-    row = Lease.objects.filter(job=name).values("token", "run_id", "attempt").first()
-    if row is None:
-        # A kick makes the Job row alone; without its Lease row no run could ever take the lease.
-        Lease.objects.bulk_create([Lease(job=name)], ignore_conflicts=True)
-    previous: dict[str, Any] = dict(row) if row else {}
-    if not start.mark_pending and not previous.get("token") and not _is_pending(name):
+    flags: dict[str, Any] = dict(Job.objects.filter(name=name).values("pending_since", "lane_asked").first() or {})
+    pending, asked = flags.get("pending_since") is not None, flags.get("lane_asked") is not None
+    lanes = _lanes_of(name, start.lanes)
+    previous = _pick_lane(name, lanes, serving=start.mark_pending or pending, asked=asked)
+    if previous is None:
+        # Busy: the job is pending (an active run serves the flag as it ends); an ask found no lane free: it lapses
+        # (the next full claim asks again).
+        if start.mark_pending and not pending:
+            Job.objects.filter(name=name).update(pending_since=Now())
+        if asked:
+            Job.objects.filter(name=name).update(lane_asked=None)
         return None
-    resumed = bool(previous.get("token") and previous.get("run_id") and previous["attempt"] < start.max_attempt)
+    held = previous["token"] is not None
+    resumed = bool(held and previous["run_id"] and previous["attempt"] < start.max_attempt)
     if resumed:
         run_id, attempt = previous["run_id"], previous["attempt"] + 1
         trigger = Job.objects.filter(name=name).values_list("last_trigger", flat=True).first() or trigger
-    if previous.get("token"):
-        _end_frozen_fences(name)  # else the takeover below waits for a frozen holder's fenced transaction
-    taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), job=name).update(
+    if held:
+        _end_frozen_fences(previous["id"])  # else the takeover below waits for a frozen holder's fenced transaction
+    taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), id=previous["id"]).update(
         token=start.token, holder=start.holder, run_id=run_id, attempt=attempt, expires=_expires(start.seconds)
     )
     if not taken:
+        # The holder came back and renewed after all.
         if start.mark_pending:
             Job.objects.filter(name=name, pending_since__isnull=True).update(pending_since=Now())
         return None
-    if previous.get("token"):
+    lane = previous["lane"]
+    if held:
         mark_crashed(name, [previous["run_id"]])
-        logger.warning("Lease taken over job=%s run=%s resumed=%d", name, previous["run_id"], resumed)
+        logger.warning("Lease taken over job=%s lane=%d run=%s resumed=%d", name, lane, previous["run_id"], resumed)
     if not resumed:
-        # A run that starts now serves every kick so far; one after this point makes one more run.
+        # A run that starts now serves every kick and ask so far; one after this point makes one more run.
         Job.objects.filter(name=name).update(
-            pending_since=None, last_run_id=run_id, last_trigger=trigger, last_started=Now()
+            pending_since=None, lane_asked=None, last_run_id=run_id, last_trigger=trigger, last_started=Now()
         )
     # The attempt's row in the same commit: one commit less before the handler starts.
-    first = Attempt.objects.create(job=name, run_id=run_id, trigger=trigger, number=attempt, holder=start.holder)
-    return Started(name, start.token, run_id, trigger, attempt, start.holder, first.pk)
+    first = Attempt.objects.create(
+        job=name, run_id=run_id, trigger=trigger, number=attempt, lane=lane, holder=start.holder
+    )
+    return Started(name, start.token, run_id, trigger, attempt, start.holder, first.pk, lane, previous["id"], lanes)
+
+
+def _pick_lane(name: str, lanes: int, *, serving: bool, asked: bool) -> dict[str, Any] | None:
+    """Choose the lease a start takes, under the Job row's lock; None: the job is busy.
+
+    A lane left expired first (its run is cut off and resumes); else a free lane when the job is idle and the
+    start serves a kick, a fire or a hand (``serving``), or when a run asked for one more lane (``asked``).
+    """
+    leases = _lanes_rows(name, lanes)
+    expired = [row for row in leases if row["token"] is not None and row["expired"]]
+    if expired:
+        return expired[0]
+    free = [row for row in leases if row["token"] is None]
+    idle = len(free) == len(leases)
+    if free and ((serving and idle) or asked):
+        return free[0]
+    return None
+
+
+def _lanes_rows(name: str, lanes: int) -> list[dict[str, Any]]:
+    """Read the job's lanes ``0..lanes-1`` (making rows missing: a job that gained lanes), lowest first."""
+    gone = ExpressionWrapper(Q(expires__lt=Now()), output_field=BooleanField())
+    fields = ("id", "lane", "token", "run_id", "attempt", "expired")
+    rows = list(Lease.objects.filter(job=name, lane__lt=lanes).annotate(expired=gone).values(*fields))
+    if len(rows) < lanes:
+        # A kick makes the Job row alone; without its Lease rows no run could ever take a lease.
+        Lease.objects.bulk_create([Lease(job=name, lane=lane) for lane in range(lanes)], ignore_conflicts=True)
+        rows = list(Lease.objects.filter(job=name, lane__lt=lanes).annotate(expired=gone).values(*fields))
+    return sorted(rows, key=lambda row: row["lane"])
+
+
+def _lanes_of(name: str, default: int = 1) -> int:
+    """The lanes ``name`` declares (``default`` for a name no ``@cron`` declares, e.g. a removed job)."""
+    return registry.get(name).lanes if name in registry else default
 
 
 def _expires(seconds: float) -> Any:
@@ -343,26 +458,25 @@ def _expires(seconds: float) -> Any:
 # replacement started. A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends it, and the
 # takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease).
 #
-# So on PostgreSQL each fenced transaction also takes a shared advisory lock named after its job, in the same
+# So on PostgreSQL each fenced transaction also takes a shared advisory lock named after its lease, in the same
 # statement as the row lock: it names the sessions that hold the job's fence, which a row lock does not (row
 # locks show in pg_locks only while someone waits for them). A takeover of an *expired* lease ends those
 # sessions (pg_terminate_backend) before it takes the row: their transactions roll back, which the fence would
 # have done at their commit anyway, since an attempt whose lease expired may not commit. A live holder keeps
 # renewing, so its lease never expires and its transactions are never touched. The key is (FENCE_LOCK_CLASS,
-# hashtext(job)); two job names with the same 32-bit hash only make one's takeover end the other's fenced
-# transaction while the first's lease is expired: a retry.
+# the Lease row's id): one per (job, lane), so a takeover of one lane never ends another lane's transactions.
 
 #: The fence's advisory lock's first key: "fabr" in ASCII, apart from an application's own keys.
 FENCE_LOCK_CLASS = 0x66616272
 
 
-def _fence_mark_sql(job_column: str) -> str:
+def _fence_mark_sql(id_column: str) -> str:
     """The select-list expression the fence's lock statement adds on PostgreSQL (see above)."""
-    return f"pg_advisory_xact_lock_shared({FENCE_LOCK_CLASS}, hashtext({job_column}))"
+    return f"pg_advisory_xact_lock_shared({FENCE_LOCK_CLASS}, {id_column})"
 
 
-def _end_frozen_fences(name: str) -> int:
-    """End the sessions holding fenced transactions under ``name``'s lease if it expired; return how many.
+def _end_frozen_fences(lease_id: int) -> int:
+    """End the sessions holding fenced transactions under the lease ``lease_id`` if it expired; return how many.
 
     Runs in the takeover's transaction (under the Job row's lock), just before it takes the lease row.
     """
@@ -373,16 +487,18 @@ def _end_frozen_fences(name: str) -> int:
     sql = (
         "SELECT count(pg_terminate_backend(locks.pid)) FROM pg_locks AS locks "  # noqa: S608  quoted name
         f"WHERE locks.locktype = 'advisory' AND locks.classid = {FENCE_LOCK_CLASS} "
-        "AND locks.objid = hashtext(%s)::oid AND locks.objsubid = 2 AND locks.granted "
+        "AND locks.objid = %s::oid AND locks.objsubid = 2 AND locks.granted "
         "AND locks.pid <> pg_backend_pid() "
-        f"AND EXISTS (SELECT 1 FROM {lease} WHERE job = %s AND token IS NOT NULL AND expires < now())"
+        # pg_locks is the whole server's: lease ids repeat in every database that has fabrika's tables.
+        "AND locks.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        f"AND EXISTS (SELECT 1 FROM {lease} WHERE id = %s AND token IS NOT NULL AND expires < now())"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [name, name])
+        cursor.execute(sql, [lease_id, lease_id])
         row = cursor.fetchone()
     ended = int(row[0]) if row else 0
     if ended:
-        logger.warning("Ended the fenced transactions of a frozen holder job=%s sessions=%d", name, ended)
+        logger.warning("Ended the fenced transactions of a frozen holder lease=%d sessions=%d", lease_id, ended)
     return ended
 
 
@@ -393,13 +509,16 @@ def rotate(lease: Started, number: int, seconds: float) -> bool:
     """Give attempt ``number`` a token of its own and its Attempt row, so a stale earlier one is fenced off."""
     token = uuid.uuid4()
     with framework_write():
-        moved = Lease.objects.filter(job=lease.job, token=lease.token).update(
-            token=token, attempt=number, expires=_expires(seconds)
-        )
+        moved = _mine(lease).update(token=token, attempt=number, expires=_expires(seconds))
         if not moved:
             return False
         record = Attempt.objects.create(
-            job=lease.job, run_id=lease.run_id, trigger=lease.trigger, number=number, holder=lease.holder
+            job=lease.job,
+            run_id=lease.run_id,
+            trigger=lease.trigger,
+            number=number,
+            lane=lease.lane,
+            holder=lease.holder,
         )
     lease.token, lease.attempt, lease.attempt_id = token, number, record.pk
     return True
@@ -408,7 +527,38 @@ def rotate(lease: Started, number: int, seconds: float) -> bool:
 def renew(lease: Started, seconds: float) -> bool:
     """Extend the lease to ``seconds`` from now; False if it is no longer this run's (a database error raises)."""
     with framework_write():
-        return bool(Lease.objects.filter(job=lease.job, token=lease.token).update(expires=_expires(seconds)))
+        if default_connection.vendor == "mysql":
+            return _renew_by_primary_key(lease, seconds)
+        return bool(_mine(lease).update(expires=_expires(seconds)))
+
+
+def _renew_by_primary_key(lease: Started, seconds: float) -> bool:
+    """MariaDB/MySQL: the renewal through the primary key only (see ``_mine``), which the optimizer is told.
+
+    Given both the id and the token, it may pick the token's unique index for the UPDATE, whose exclusive lock
+    on that entry would wait for the fence's shared one: a renewal under an open ``ctx.transaction()`` would
+    wait for the transaction's end, and a handler that ignores its deadline would block its own cut-off.
+    """
+    connection = default_connection
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    token = Lease._meta.get_field("token").get_db_prep_value(lease.token, connection)
+    sql = (
+        f"UPDATE {table} FORCE INDEX (PRIMARY) SET expires = CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND "  # noqa: S608
+        "WHERE id = %s AND token = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [int(seconds * 1_000_000), lease.lease_id, token])
+        return cursor.rowcount == 1
+
+
+def _mine(lease: Started) -> Any:
+    """The lease's row while it is this attempt's (its token), found by its primary key.
+
+    By the key, not the token: on MariaDB/MySQL a statement that found the row through the token's index would
+    lock that index entry, which the fence holds shared for a whole ``ctx.transaction()``, so a renewal (which
+    changes only ``expires``) would wait for it.
+    """
+    return Lease.objects.filter(pk=lease.lease_id, token=lease.token)
 
 
 def end_attempt(lease: Started, outcome: str, fields: dict[str, str]) -> None:
@@ -417,11 +567,13 @@ def end_attempt(lease: Started, outcome: str, fields: dict[str, str]) -> None:
         Attempt.objects.filter(pk=lease.attempt_id).update(outcome=outcome, finished=timezone.now(), **fields)
 
 
-def end_run(lease: Started, outcome: str, *, again: bool, seconds: float) -> bool:
+def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlog: bool = True) -> bool:
     """End the run: start one more if ``again`` and the job was kicked meanwhile (True), else free the lease.
 
     Both happen under the Job row's lock, the one a starter takes, so a kick is either seen here or finds the
-    lease free and starts its own run: never lost between the two.
+    lease free and starts its own run: never lost between the two. With lanes, a run whose last claim came back
+    short (``backlog`` false: the queue is drained) leaves the kick to the job's other active runs, so an empty
+    queue drains down to one run: the last one to end serves it.
     """
     summary: dict[str, Any] = {"last_outcome": outcome, "last_finished": Now()}
     if outcome == Outcome.SUCCEEDED:
@@ -431,11 +583,15 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float) -> boo
     token, run_id = uuid.uuid4(), uuid.uuid4()
     with framework_write(), transaction.atomic():
         _lock_job(lease.job)
-        mine = Lease.objects.filter(job=lease.job, token=lease.token)
+        mine = _mine(lease)
         # A stale attempt (its lease taken over, maybe by the same run resumed elsewhere) does not speak for the
-        # job any more: only the lease's holder writes the summary.
-        Job.objects.filter(Exists(mine), name=lease.job, last_run_id=lease.run_id).update(**summary)
+        # job any more: only the lease's holder writes the summary (with one lane, only the job's latest run).
+        latest = {"last_run_id": lease.run_id} if lease.lanes == 1 else {}
+        Job.objects.filter(Exists(mine), name=lease.job, **latest).update(**summary)
         again = again and _is_pending(lease.job)
+        if again and not backlog and lease.lanes > 1:
+            others = Lease.objects.filter(lease_active(timezone.now()), job=lease.job).exclude(pk=lease.lease_id)
+            again = not others.exists()
         if not again:
             freed = mine.update(**_FREE)
             if freed and outcome in CUT_OFF:
@@ -446,9 +602,11 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float) -> boo
         if not mine.update(token=token, run_id=run_id, attempt=1, expires=_expires(seconds)):
             return False
         Job.objects.filter(name=lease.job).update(
-            pending_since=None, last_run_id=run_id, last_trigger="kick", last_started=Now()
+            pending_since=None, lane_asked=None, last_run_id=run_id, last_trigger="kick", last_started=Now()
         )
-        record = Attempt.objects.create(job=lease.job, run_id=run_id, trigger="kick", number=1, holder=lease.holder)
+        record = Attempt.objects.create(
+            job=lease.job, run_id=run_id, trigger="kick", number=1, lane=lease.lane, holder=lease.holder
+        )
     lease.token, lease.run_id, lease.trigger, lease.attempt, lease.attempt_id = token, run_id, "kick", 1, record.pk
     return True
 
@@ -480,21 +638,21 @@ def release_all(holder_prefix: str) -> list[str]:
 
 
 def hold_lease_sql(connection: Any) -> str:
-    """The fence's lock of the lease row (``_fence.LeaseFence.hold``). Parameters: job, token."""
+    """The fence's lock of the lease row (``_fence.LeaseFence.hold``). Parameters: the Lease row's id, token."""
     table = connection.ops.quote_name(Lease._meta.db_table)
     if connection.vendor == "sqlite":
-        return f"UPDATE {table} SET token = token WHERE job = %s AND token = %s"  # noqa: S608  quoted name
+        return f"UPDATE {table} SET token = token WHERE id = %s AND token = %s"  # noqa: S608  quoted name
     if connection.vendor == "mysql":
         # InnoDB's FOR KEY SHARE: a shared lock read through the unique token index alone (the index covers the
-        # query, the job being its primary key, so the table's row is not locked). A takeover or release changes
+        # query, the id being its primary key, so the table's row is not locked). A takeover or release changes
         # the token and must lock that index entry, so it waits; a renewal changes only expires and never touches
-        # the index, so it does not. The job is compared in the answer, not the WHERE, which would let the
+        # the index, so it does not. The id is compared in the answer, not the WHERE, which would let the
         # optimizer pick the primary key and lock the row. A locking read is a current read at any isolation.
-        return f"SELECT job = %s FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
+        return f"SELECT id = %s FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
     if connection.vendor == "postgresql":
-        # The advisory lock names this session as a holder of the job's fence (see _end_frozen_fences).
-        return f"SELECT {_fence_mark_sql('job')} FROM {table} WHERE job = %s AND token = %s FOR KEY SHARE"  # noqa: S608
-    return f"SELECT 1 FROM {table} WHERE job = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
+        # The advisory lock names this session as a holder of the lane's fence (see _end_frozen_fences).
+        return f"SELECT {_fence_mark_sql('id')} FROM {table} WHERE id = %s AND token = %s FOR KEY SHARE"  # noqa: S608
+    return f"SELECT 1 FROM {table} WHERE id = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
 
 
 # -- the worker's scan and fires --------------------------------------------------------------------------
@@ -525,11 +683,13 @@ class StateReader:
         return {
             name: {
                 "pending": bool(pending),
+                "asked": bool(asked),
                 "next_fire": convert_fire(fire),
-                "held": bool(held),
-                "orphaned": bool(orphaned),
+                "held": bool(active),
+                "active": int(active or 0),
+                "orphaned": int(orphaned or 0),
             }
-            for name, pending, fire, held, orphaned in rows
+            for name, pending, asked, fire, active, orphaned in rows
         }
 
 
@@ -539,7 +699,7 @@ def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
     A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
     millisecond on SQLite, more than the query). This is the same query written out: one row per job
     with its pending flag, next fire, and whether its lease is active (``lease_active``) or was left
-    expired (by the database's clock, ``Now()``). Parameters: the job names.
+    expired (by the database's clock, ``Now()``), counted over the job's lanes. Parameters: the job names.
     """
     connection = default_connection
     quote = connection.ops.quote_name
@@ -548,10 +708,11 @@ def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
     job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
     names = ", ".join(["%s"] * count)
     sql = (
-        f"SELECT job.name, job.pending_since IS NOT NULL, job.next_fire, "  # noqa: S608  quoted names
-        f"lease.token IS NOT NULL AND lease.expires > {now}, lease.token IS NOT NULL AND lease.expires <= {now} "
+        "SELECT job.name, job.pending_since IS NOT NULL, job.lane_asked IS NOT NULL, job.next_fire, "  # noqa: S608
+        f"SUM(CASE WHEN lease.token IS NOT NULL AND lease.expires > {now} THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN lease.token IS NOT NULL AND lease.expires <= {now} THEN 1 ELSE 0 END) "
         f"FROM {job_table} AS job LEFT JOIN {lease_table} AS lease ON lease.job = job.name "
-        f"WHERE job.name IN ({names})"
+        f"WHERE job.name IN ({names}) GROUP BY job.name, job.pending_since, job.lane_asked, job.next_fire"
     )
     column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
     converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)

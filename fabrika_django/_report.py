@@ -129,16 +129,20 @@ def _as_datetime(value: Any) -> datetime | None:
 
 
 def job_states(now: datetime) -> list[dict[str, Any]]:
-    """Return each registered job's row (defaults for a job without one) with ``active``, ``holder``, ``pending``."""
+    """Return each registered job's row (defaults for a job without one) with its run state.
+
+    ``active``, ``active_lanes``, ``lanes``, ``holder``, ``pending``: see ``_jobstate.job_states``.
+    """
     names = [job.name for job in registry]
     states = _jobstate.job_states(names, now)
     return [states[name] for name in names]
 
 
 def job_state_word(state: dict[str, Any]) -> str:
-    """Return "active", "active, pending", "pending" or "idle"."""
+    """Return "active", "active, pending", "pending" or "idle"; with lanes, "active 3/8" (active lanes / lanes)."""
     if state["active"]:
-        return "active, pending" if state["pending"] else "active"
+        active = f"active {state['active_lanes']}/{state['lanes']}" if state["lanes"] > 1 else "active"
+        return f"{active}, pending" if state["pending"] else active
     return "pending" if state["pending"] else "idle"
 
 
@@ -166,6 +170,8 @@ def status(now: datetime) -> dict[str, Any]:
                 "name": state["name"],
                 "state": job_state_word(state),
                 "active": state["active"],
+                "active_lanes": state["active_lanes"],
+                "lanes": state["lanes"],
                 "pending": state["pending"],
                 "holder": state["holder"],
                 "next_fire": _utc(state["next_fire"]),

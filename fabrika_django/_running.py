@@ -50,6 +50,24 @@ class ActiveRun:
         return self.clock()
 
 
+@dataclass
+class LaneDemand:
+    """What a run's claims say about its backlog, for a job with lanes (DESIGN §11).
+
+    Shared by the run's attempts and their executor threads; claim() writes it, the runner reads it at the end.
+    """
+
+    job: str
+    lanes: int
+    #: Whether the run's last claim came back full (as many rows as its limit): work is left.
+    last_full: bool = False
+
+    def claimed(self, count: int, limit: int) -> bool:
+        """Note a claim of ``count`` rows of ``limit``; True when it asks for one more lane."""
+        self.last_full = count >= limit
+        return self.last_full and self.lanes > 1
+
+
 def active_run() -> ActiveRun | None:
     """Return the run active in this thread, or None outside a job."""
     return getattr(_local, "run", None)

@@ -6,7 +6,7 @@ models and ``settings.FABRIKA``.
 
 Ids are stable and never reused; a retired id stays below as a "reserved" comment.
 
-- E001 bad schedule, E002 bad timeout, E003 bad retries
+- E001 bad schedule, E002 bad timeout, E003 bad retries, E004 bad lanes
 - E010 duplicate job name, E011 kick of an unknown job, E012 kick cycle
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
@@ -37,7 +37,7 @@ from . import (
     _isolation,  # noqa: F401  registers fabrika.W040
 )
 from .conf import DEFAULTS
-from .jobs import MAX_TIMEOUT, CronJob, JobRegistry, registry
+from .jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
 from .schedule import Schedule, normalize
 
 _QUEUE_OPTIONS = ("max_attempts",)
@@ -108,6 +108,17 @@ def _check_job(job: CronJob) -> list[checks.CheckMessage]:
                 f"has retries={retries!r}, which is not a whole number of 0 or more",
                 "Give e.g. retries=2. " + _DECLARE_HINT,
                 "fabrika.E003",
+            )
+        )
+    problem = lanes_problem(job.lanes)
+    if problem is not None:
+        errors.append(
+            _job_error(
+                job,
+                f"has {problem}",
+                f"Give e.g. lanes=4 (at most {MAX_LANES}: each running lane holds a database connection). "
+                + _DECLARE_HINT,
+                "fabrika.E004",
             )
         )
     return errors

@@ -105,8 +105,14 @@ class JobContext:
         fence: LeaseFence,
         clock: Any,
         mail_mode: str | None = None,
+        lane: int = 0,
+        demand: Any = None,
     ) -> None:
         self.job = job
+        #: The lane (0-based) of the run: one of the job's ``lanes`` runs that may be active at once.
+        self.lane = lane
+        #: The run's _running.LaneDemand: what its claims said about the backlog (None outside the runner).
+        self._demand = demand
         self.run_id = run_id
         self.attempt = attempt
         self.trigger = trigger

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 MAX_TIMEOUT = timedelta(days=1)
 DEFAULT_TIMEOUT = timedelta(minutes=15)
+#: The most lanes a job may declare: each running lane holds a database connection.
+MAX_LANES = 64
 MAILERS = ("installation", "own")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _PERMISSION = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
@@ -41,6 +43,8 @@ class CronJob:
     #: Django permission names the job holds; None holds everything.
     actions: frozenset[str] | None = None
     module: str = ""
+    #: How many runs of the job may be active at once across the deployment, each in a lane of its own.
+    lanes: int = 1
 
     @property
     def period(self) -> timedelta:
@@ -104,6 +108,7 @@ def cron(
     signs: Iterable[str] = (),
     egress: Iterable[str] = (),
     actions: Iterable[str] | None = None,
+    lanes: int = 1,
 ) -> Callable[[Handler], CronJob]:
     """Declare the decorated function a cron job running on ``schedule`` (five fields, UTC; None: kicks only).
 
@@ -112,6 +117,7 @@ def cron(
     parsed = Schedule(schedule) if schedule is not None else None
     _check_retries(retries)
     _check_timeout(timeout)
+    _check_lanes(lanes)
     declared_kicks = _names("kicks", kicks)
     if mailer is not None and mailer not in MAILERS:
         raise ValueError(f"mailer={mailer!r} is not a mailer: use 'installation', 'own' or None.")
@@ -137,6 +143,7 @@ def cron(
             egress=origins,
             actions=held,
             module=getattr(func, "__module__", ""),
+            lanes=lanes,
         )
         registry.register(job)
         return job
@@ -147,6 +154,19 @@ def cron(
 def _check_retries(retries: object) -> None:
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ValueError(f"retries={retries!r} is not valid: give a whole number, 0 or more.")
+
+
+def lanes_problem(lanes: object) -> str | None:
+    """Return what is wrong with a ``lanes`` value (None: nothing); @cron and the system check both say it."""
+    if not isinstance(lanes, int) or isinstance(lanes, bool) or not 1 <= lanes <= MAX_LANES:
+        return f"lanes={lanes!r} is out of bounds: give a whole number from 1 to {MAX_LANES}"
+    return None
+
+
+def _check_lanes(lanes: object) -> None:
+    problem = lanes_problem(lanes)
+    if problem is not None:
+        raise ValueError(problem + ".")
 
 
 def _check_timeout(timeout: object) -> None:

@@ -74,7 +74,7 @@ class _DatabaseGauges:
         )
         for state in job_states(self.now):
             name = state["name"]
-            active.add_metric([name], 1 if state["active"] else 0)
+            active.add_metric([name], state["active_lanes"])
             pending.add_metric([name], 1 if state["pending"] else 0)
             failures.add_metric([name], state["failures_in_row"])
             if state["last_success"] is not None:

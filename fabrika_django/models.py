@@ -194,6 +194,8 @@ class Job(models.Model):
 
     name = models.CharField(_("name"), max_length=100, primary_key=True)
     pending_since = models.DateTimeField(_("pending since"), null=True, blank=True)
+    #: Set by a run whose claim came back full (a job with lanes): start one more run in a free lane.
+    lane_asked = models.DateTimeField(_("one more lane asked"), null=True, blank=True)
     next_fire = models.DateTimeField(_("next fire"), null=True, blank=True)
     last_run_id = models.UUIDField(_("last run"), null=True, blank=True)
     last_trigger = models.CharField(_("last trigger"), max_length=16, blank=True, choices=Trigger.choices)
@@ -230,7 +232,11 @@ class Lease(models.Model):
     transaction, and renewing never waits for one.
     """
 
-    job = models.CharField(_("job"), max_length=100, primary_key=True)
+    # A 32-bit key on purpose: it is the second key of the fence's advisory lock on PostgreSQL (_jobstate).
+    id = models.AutoField(primary_key=True)
+    job = models.CharField(_("job"), max_length=100)
+    #: The lane (0-based) of a job declared with ``lanes``: one lease per (job, lane).
+    lane = models.PositiveSmallIntegerField(_("lane"), default=0)
     token = models.UUIDField(_("token"), null=True, blank=True, unique=True)
     holder = models.CharField(_("holder"), max_length=200, blank=True)
     run_id = models.UUIDField(_("run"), null=True, blank=True)
@@ -240,9 +246,11 @@ class Lease(models.Model):
     class Meta:
         verbose_name = _("lease")
         verbose_name_plural = _("leases")
+        ordering = ["job", "lane"]
+        constraints = [models.UniqueConstraint(fields=["job", "lane"], name="fabrika_lease_job_lane")]
 
     def __str__(self) -> str:
-        return f"{self.job} ({self.holder or 'free'})"
+        return f"{self.job}[{self.lane}] ({self.holder or 'free'})"
 
 
 class Attempt(models.Model):
@@ -252,6 +260,7 @@ class Attempt(models.Model):
     run_id = models.UUIDField(_("run"), db_index=True)
     trigger = models.CharField(_("trigger"), max_length=16, choices=Trigger.choices)
     number = models.PositiveIntegerField(_("attempt"))
+    lane = models.PositiveSmallIntegerField(_("lane"), default=0)
     holder = models.CharField(_("holder"), max_length=200, blank=True)
     started = models.DateTimeField(_("started"), default=timezone.now, db_index=True)
     finished = models.DateTimeField(_("finished"), null=True, blank=True)

@@ -92,6 +92,7 @@ class QueueQuerySet(models.QuerySet[_M]):
             if rows:
                 _lease(self.model, using, rows, run, now)
         _metrics.observe_claim(run.job.name, len(rows))
+        _note_backlog(run, len(rows), limit)
         return rows
 
     def finish_all(self, rows: Iterable[_M], /, **values: Any) -> list[_M]:
@@ -130,6 +131,16 @@ class QueueQuerySet(models.QuerySet[_M]):
 
 class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
     """The manager of a queue table; a model's own manager must derive from it."""
+
+
+def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
+    """Tell the run what its claim said about the backlog; a full claim asks for one more lane (DESIGN §11)."""
+    demand = getattr(run.context, "_demand", None)
+    if demand is not None and demand.claimed(count, limit):
+        # Imported here: _jobstate imports the models, which import this module.
+        from ._jobstate import ask_for_lane
+
+        ask_for_lane(run.job.name, run.job.lanes)
 
 
 def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from . import _jobstate, _metrics
 from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
 from ._fence import LeaseFence
+from ._running import LaneDemand
 from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
@@ -63,6 +64,8 @@ class _Held:
 
     lease: _jobstate.Started
     valid_until: float
+    #: What the run's claims said about the backlog (lanes: a full claim asks for one more lane).
+    demand: LaneDemand
 
 
 def default_holder() -> str:
@@ -87,7 +90,10 @@ def run(
     mark_pending: bool = True,
     after_inline_attempt: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Run ``job`` now, or mark it pending when a run is active elsewhere ("coalesced").
+    """Run ``job`` now in a lane of its own, or mark it pending when it is busy ("coalesced").
+
+    A job with ``lanes`` > 1 starts here when none of its lanes is active, or in a free lane a full claim asked
+    for; its run's lease, attempts and history are its lane's (``_jobstate.start_or_join``).
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
     seconds between them (a short growing pause by default). When the job was kicked during the run, it
@@ -109,13 +115,14 @@ def run(
         seconds=seconds,
         max_attempt=1 + job.retries,
         mark_pending=mark_pending,
+        lanes=job.lanes,
     )
     sent = time.monotonic()
     lease = _jobstate.start_or_join(start)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
         return RunResult(job=job.name, outcome="coalesced")
-    held = _Held(lease, valid_until(sent, seconds))
+    held = _Held(lease, valid_until(sent, seconds), LaneDemand(job.name, job.lanes))
     runs = 0
     first: RunResult | None = None
     while True:
@@ -134,11 +141,13 @@ def run(
         first.runs = runs
         stopping = result.outcome in _STOP_OUTCOMES or (stop is not None and stop.is_set())
         sent = time.monotonic()
-        if not _jobstate.end_run(held.lease, result.outcome, again=not stopping, seconds=seconds):
+        backlog = held.demand.last_full
+        if not _jobstate.end_run(held.lease, result.outcome, again=not stopping, seconds=seconds, backlog=backlog):
             # The run this call started speaks for it; a re-run for kicks during it has its own history.
             return first
         # Kicked during the run: one more run under the same lease.
         held.valid_until = valid_until(sent, seconds)
+        held.demand = LaneDemand(job.name, job.lanes)
 
 
 def _default_pause(failed_attempt: int) -> float:
@@ -161,7 +170,7 @@ def _run_attempts(
     after_inline_attempt: Callable[[], None] | None,
 ) -> RunResult:
     lease = held.lease
-    logger.info("Run started job=%s run=%s trigger=%s", job.name, lease.run_id, lease.trigger)
+    logger.info("Run started job=%s lane=%d run=%s trigger=%s", job.name, lease.lane, lease.run_id, lease.trigger)
     began = time.monotonic()
     number = lease.attempt
     last = 1 + job.retries
@@ -212,7 +221,7 @@ def _attempt(
     lease = held.lease
     timeout = job.timeout.total_seconds()
     signal = AbortSignal(time.monotonic() + timeout)
-    fence = LeaseFence(job.name, lease.token, signal, held.valid_until)
+    fence = LeaseFence(job.name, lease.token, signal, held.valid_until, lease.lease_id)
     ctx = JobContext(
         job=job,
         run_id=lease.run_id,
@@ -222,6 +231,8 @@ def _attempt(
         fence=fence,
         clock=clock,
         mail_mode=mail_mode,
+        lane=lease.lane,
+        demand=held.demand,
     )
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.

@@ -5,8 +5,11 @@ runs, so a kicked run starts without connecting), and on PostgreSQL a listener t
 (``_listen.Listener``). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
 every poll and after every (re)connection, so nothing a worker missed while away is lost.
 
-- A kick sets the job's pending flag; a run that starts clears it. A job whose lease another live run holds
-  is left alone: that run sees the flag when it ends and runs once more (the runner's ``_end``).
+- A kick sets the job's pending flag; a run that starts clears it. A job with a live run is left alone: that
+  run sees the flag when it ends and runs once more (the runner's ``_end``).
+- Lanes (DESIGN §11): a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
+  whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
+  free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
   fire is taken by exactly one worker, and fires missed while no worker ran collapse into one run.
 - A lease that expired with a token is a holder that vanished (SIGKILL): its job is run, which takes the
@@ -17,6 +20,7 @@ every poll and after every (re)connection, so nothing a worker missed while away
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -49,10 +53,11 @@ DEFAULT_GRACE = 10.0
 class Worker:
     """Run the project's jobs until stopped: ``Worker(concurrency=4, only=None).run()``.
 
-    ``only``: the names of the jobs to serve (all by default). ``verbosity``: as Django's (0 warnings only,
-    1 one line per run start and end, 2 and more debug). ``clock``: the time schedules are measured by
-    (tests move it). ``grace``: seconds a stop waits for running attempts. ``install_signals``: handle
-    SIGTERM/SIGINT (only possible in the main thread).
+    ``concurrency``: the runs this process executes at once, whatever their jobs and lanes (a job with
+    ``lanes`` spreads its runs over every worker). ``only``: the names of the jobs to serve (all by default).
+    ``verbosity``: as Django's (0 warnings only, 1 one line per run start and end, 2 and more debug).
+    ``clock``: the time schedules are measured by (tests move it). ``grace``: seconds a stop waits for running
+    attempts. ``install_signals``: handle SIGTERM/SIGINT (only possible in the main thread).
     """
 
     def __init__(
@@ -79,8 +84,10 @@ class Worker:
         self._stop = threading.Event()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
-        self._running: set[str] = set()
-        # Jobs whose run failed in the database (job -> holder): their lease may still be held, by nobody.
+        # This worker's runs of each job (one a lane), and of all jobs.
+        self._running: collections.Counter[str] = collections.Counter()
+        self._busy = 0
+        # Runs that failed in the database (holder -> job): their lease may still be held, by nobody.
         self._orphans: dict[str, str] = {}
         self._runners: list[threading.Thread] = []
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -151,14 +158,15 @@ class Worker:
             name = message[1]
             if name not in self.jobs or self._stop.is_set():
                 return
-            if name in self._running or len(self._running) >= self.concurrency:
+            if self._running[name] >= self.jobs[name].lanes or self._busy >= self.concurrency:
                 return  # the scan that follows the end of a run sees its pending flag
             self._dispatch(name, "kick")
         elif kind == "done":
             name, failed, holder = message[1], message[2], message[3]
-            self._running.discard(name)
+            self._running[name] -= 1
+            self._busy -= 1
             if failed:
-                self._orphans[name] = holder
+                self._orphans[holder] = name
                 self._connection_lost()
                 self._next_scan = time.monotonic() + self._backoff.next()
             else:
@@ -215,8 +223,8 @@ class Worker:
                 continue
             if fire > now:
                 continue
-            local = name in self._running
-            if not local and len(self._running) >= self.concurrency:
+            local = self._running[name] > 0
+            if not local and self._busy >= self.concurrency:
                 continue  # another worker, or this one later, takes the fire
             # Exactly one worker moves next_fire from the value it read: that one owns this fire.
             # Fires missed while no worker ran are all behind now: one run makes them up.
@@ -230,13 +238,17 @@ class Worker:
             else:
                 self._dispatch(name, "schedule")
         for name, state in states.items():
-            if self._stop.is_set() or len(self._running) >= self.concurrency:
+            if self._stop.is_set() or self._busy >= self.concurrency:
                 return
-            if name in self._running:
+            lanes = self.jobs[name].lanes
+            if self._running[name] >= lanes:
                 continue
-            # Pending under a live lease: its holder runs it once more when it ends.
+            # Pending under a live lease: its holder runs it once more when it ends. A lane asked for starts
+            # while one is free; the start decides which (and whether, when another worker was first).
             if state["orphaned"]:
                 self._dispatch(name, _TAKEOVER)
+            elif state["asked"] and state["active"] < lanes:
+                self._dispatch(name, "kick")
             elif state["pending"] and not state["held"]:
                 self._dispatch(name, "kick")
 
@@ -247,12 +259,12 @@ class Worker:
         this, the job would wait for the lease to expire.
         """
         runner.record_kept_outcomes()  # the real outcomes first: what is still running after them crashed
-        for name, holder in list(self._orphans.items()):
+        for holder, name in list(self._orphans.items()):
             freed = _jobstate.release(name, holder)
             if freed:
                 logger.info("Released the lease of a run cut off by the database job=%s", name)
                 request_run(name)
-            del self._orphans[name]
+            del self._orphans[holder]
 
     def _until_next_scan(self, states: dict[str, dict[str, Any]]) -> float:
         interval = max(0.01, float(settings.POLL_INTERVAL))
@@ -266,7 +278,8 @@ class Worker:
         return interval
 
     def _dispatch(self, name: str, trigger: str) -> None:
-        self._running.add(name)
+        self._running[name] += 1
+        self._busy += 1
         self._work.put((name, trigger))
 
     def _connection_lost(self) -> None:

@@ -100,7 +100,12 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         css = {"all": ["fabrika_django/admin.css"]}
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).annotate(active=_jobstate.active_annotation(timezone.now()))
+        now = timezone.now()
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(active=_jobstate.active_annotation(now), active_lanes=_jobstate.active_lanes_annotation(now))
+        )
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _JobChangeList
@@ -190,6 +195,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         active = bool(getattr(job, "active", False))
         pending = job.pending_since is not None
         words = [str(_("active"))] if active else []
+        lanes = registry.get(job.name).lanes if job.name in registry else 1
+        if active and lanes > 1:
+            # Active lanes of lanes: how many of the job's runs are active now, of how many it may have.
+            words = [f"{words[0]} {getattr(job, 'active_lanes', 0)}/{lanes}"]
         if pending:
             words.append(str(_("pending")))
         if not words:
@@ -325,6 +334,7 @@ class _JobChangeList(ChangeList):
             return
         for job in missing:
             job.active = False  # type: ignore[attr-defined]
+            job.active_lanes = 0  # type: ignore[attr-defined]
         self.result_list = sorted([*self.result_list, *missing], key=lambda job: job.name)
         self.result_count += len(missing)
         self.full_result_count = (self.full_result_count or 0) + len(missing)
@@ -378,6 +388,7 @@ class AttemptAdmin(HistoryAdmin):
         "job",
         "run_id",
         "number",
+        "lane",
         "trigger",
         "holder",
         "started",

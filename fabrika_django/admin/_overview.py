@@ -90,6 +90,8 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
                 "name": state["name"],
                 "url": url,
                 "active": state["active"],
+                "active_lanes": state["active_lanes"],
+                "lanes": state["lanes"],
                 "pending": state["pending"],
                 "last_outcome": state["last_outcome"],
                 "last_finished": state["last_finished"],

@@ -108,7 +108,7 @@ class Command(BaseCommand):
         run.add_argument("name", help="the job's name (see 'fabrika_job list')")
 
         worker = action("worker", "Fire schedules, take kicks and run jobs until SIGTERM or SIGINT.")
-        worker.add_argument("--concurrency", type=_positive_int, help="how many runs at once")
+        worker.add_argument("--concurrency", type=_positive_int, help="how many runs at once, of any jobs and lanes")
         worker.add_argument("--only", type=_job_names, metavar="NAME,NAME", help="run only these jobs")
         worker.add_argument(
             "--metrics-port", type=_port, metavar="PORT", help="serve the worker's Prometheus metrics on this port"

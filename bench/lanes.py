@@ -1,0 +1,236 @@
+"""Lanes on real workers and PostgreSQL: ``python -m bench.lanes`` (about 3 minutes; not part of the suite).
+
+I/O-bound work in lanes (DESIGN §11): the lab job ``lab_lanes`` claims ``lab.Item`` rows (``--claim`` a batch) and
+for each waits ``--item-ms`` (20 ms: a time.sleep, the wait of a call to a mail provider or an HTTP API, which
+uses no CPU), then makes one ``lab.Effect`` (unique on the row) and finishes the row in one fenced transaction.
+A drain of ``--rows`` rows (4,000) runs in each configuration of ``--configs``: ``LANESxWORKERS``, each worker
+with ``--concurrency LANES/WORKERS``. It prints rows/s from the kick to the last row done, and its share of the
+ideal, ``lanes x 1000 / item-ms`` rows/s (50 rows/s a lane at 20 ms). Target: at least 75 % up to 16 lanes.
+
+``--drain N`` runs instead one drain of N rows (1,000,000) in 8 lanes on one worker without the wait, and prints
+the worker's resident memory (VmRSS) when ``--rss-at`` rows (100,000) are done and at the end. Target: growth
+at most 20 MB.
+
+It uses its own database, ``fabrika_bench_lanes`` (``--database-url``), whose lab tables it empties. Every row
+is checked afterwards: done exactly once (one Effect each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from ._setup import create_database, out, setup_django
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench_lanes"
+ROOT = Path(__file__).resolve().parent.parent
+JOB = "lab_lanes"
+
+
+class Worker:
+    """A ``fabrika_job worker --only lab_lanes`` process; its log in a file of its own."""
+
+    def __init__(self, url: str, concurrency: int, **env: object) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="lanes-worker-", suffix=".log", delete=False)  # noqa: SIM115
+        environ = dict(
+            os.environ,
+            DATABASE_URL=url,
+            DEBUG="0",
+            FABRIKA_LAB="1",
+            FABRIKA_LOG_LEVEL="WARNING",
+            PYTHONUNBUFFERED="1",
+            PYTHONFAULTHANDLER="1",
+        )
+        environ.update({key: str(value) for key, value in env.items()})
+        command = ["fabrika_job", "worker", "-v", "1", "--only", JOB, "--concurrency", str(concurrency)]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *command],
+            cwd=ROOT,
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.proc.pid
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+def _reset() -> None:
+    from django.db import connection
+
+    from fabrika_django.models import Attempt, Job, Lease
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE lab_item, lab_effect")
+    Attempt.objects.filter(job=JOB).delete()
+    Lease.objects.filter(job=JOB).update(token=None, holder="", run_id=None, expires=None, attempt=0)
+    Job.objects.filter(name=JOB).update(pending_since=None, lane_asked=None)
+
+
+def _fill(count: int) -> None:
+    from django.db import connection
+    from django.utils import timezone
+
+    due = timezone.now() - timedelta(seconds=1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO lab_item (n, writes, attempts, due, version, last_failure) "
+            "SELECT n, 0, 0, %s, 0, '' FROM generate_series(1, %s) AS n",
+            [due, count],
+        )
+        cursor.execute("ANALYZE lab_item")
+
+
+def _done() -> int:
+    from testproject.lab.models import Item
+
+    return Item.objects.filter(due__isnull=True).count()
+
+
+def _check(count: int) -> None:
+    from testproject.lab.models import Effect, Item
+
+    done, effects = _done(), Effect.objects.count()
+    writes = sorted(Item.objects.values_list("writes", flat=True).distinct())
+    if (done, effects, writes) != (count, count, [1]):
+        raise SystemExit(f"rows not done exactly once: done={done} effects={effects} writes={writes}")
+
+
+def _started(workers: list[Worker]) -> None:
+    deadline = time.monotonic() + 60
+    while not all("Worker started" in worker.output() for worker in workers):
+        if time.monotonic() > deadline or any(worker.proc.poll() is not None for worker in workers):
+            raise SystemExit("a worker did not start:\n" + "\n".join(worker.output()[-2000:] for worker in workers))
+        time.sleep(0.05)
+
+
+def _wait_for(count: int, workers: list[Worker], *, minutes: float, every: float = 0.05) -> None:
+    from fabrika_django import kick
+    from fabrika_django.models import Lease
+
+    deadline = time.monotonic() + minutes * 60
+    idle_since = None
+    while _done() < count:
+        if time.monotonic() > deadline or any(worker.proc.poll() is not None for worker in workers):
+            raise SystemExit("the drain stalled:\n" + "\n".join(worker.output()[-4000:] for worker in workers))
+        # Rows an attempt cut off had claimed (one past its timeout) come due after their backoff; the job has
+        # no schedule to pick them up, so kick it while it is idle, as a schedule would.
+        if Lease.objects.filter(job=JOB, token__isnull=False).exists():
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > 5:
+            kick(JOB)
+            idle_since = None
+        time.sleep(every)
+
+
+def _throughput(url: str, lanes: int, workers_count: int, args: argparse.Namespace) -> tuple[float, int]:
+    """Drain ``args.rows`` rows in ``lanes`` lanes over ``workers_count`` workers; return rows/s and most lanes."""
+    from django.db.models import Max, Min
+
+    from fabrika_django import kick
+    from fabrika_django.models import Attempt
+    from testproject.lab.models import Effect
+
+    _reset()
+    _fill(args.rows)
+    env = {"LAB_LANES": lanes, "LAB_ITEM_SECONDS": args.item_ms / 1000, "LAB_CLAIM": args.claim}
+    workers = [Worker(url, max(1, lanes // workers_count), **env) for _ in range(workers_count)]
+    try:
+        _started(workers)
+        began = time.time()
+        kick(JOB)
+        _wait_for(args.rows, workers, minutes=args.minutes)
+    finally:
+        for worker in workers:
+            worker.end()
+    _check(args.rows)
+    span = Effect.objects.aggregate(first=Min("at"), last=Max("at"))
+    seconds = span["last"].timestamp() - began
+    used = Attempt.objects.filter(job=JOB).values("lane").distinct().count()
+    return args.rows / seconds, used
+
+
+def _drain(url: str, args: argparse.Namespace) -> None:
+    from fabrika_django import kick
+
+    _reset()
+    out(f"filling {args.drain:,} rows ...")
+    _fill(args.drain)
+    worker = Worker(url, 8, LAB_LANES=8, LAB_ITEM_SECONDS=0, LAB_CLAIM=args.claim)
+    try:
+        _started([worker])
+        began = time.monotonic()
+        kick(JOB)
+        _wait_for(min(args.rss_at, args.drain), [worker], minutes=args.minutes, every=0.5)
+        at_mark = worker.rss_mb()
+        marked = time.monotonic()
+        out(f"{args.rss_at:,} rows done after {marked - began:.0f} s: worker RSS {at_mark:.1f} MB")
+        _wait_for(args.drain, [worker], minutes=args.minutes, every=0.5)
+        at_end = worker.rss_mb()
+        ended = time.monotonic()
+    finally:
+        worker.end()
+    _check(args.drain)
+    out(f"{args.drain:,} rows done after {ended - began:.0f} s ({args.drain / (ended - began):,.0f} rows/s)")
+    out(
+        f"worker RSS at the end {at_end:.1f} MB: growth {at_end - at_mark:+.1f} MB from {args.rss_at:,} rows in "
+        f"(target: at most 20 MB)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=os.environ.get("LANES_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--rows", type=int, default=4000)
+    parser.add_argument("--item-ms", type=float, default=20.0, help="each row's wait without CPU")
+    parser.add_argument("--claim", type=int, default=10, help="the handler's claim(limit=...)")
+    parser.add_argument("--configs", default="1x1,4x1,8x1,16x1,16x2", help="LANESxWORKERS, comma-separated")
+    parser.add_argument("--drain", type=int, default=0, help="instead: one drain of this many rows in 8 lanes")
+    parser.add_argument("--rss-at", type=int, default=100_000)
+    parser.add_argument("--minutes", type=float, default=10.0, help="give up after this long")
+    args = parser.parse_args()
+    create_database(args.database_url)
+    setup_django(args.database_url, lab=True)
+    out(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.drain:
+        _drain(args.database_url, args)
+        return
+    out(f"{args.rows:,} rows, {args.item_ms:g} ms of waiting a row, claim(limit={args.claim})")
+    out(f"{'lanes':>5} {'workers':>7} {'rows/s':>8} {'ideal':>6} {'of ideal':>8} {'lanes used':>10}")
+    for config in args.configs.split(","):
+        lanes, workers = (int(part) for part in config.split("x"))
+        rate, used = _throughput(args.database_url, lanes, workers, args)
+        ideal = lanes * 1000 / args.item_ms
+        out(f"{lanes:>5} {workers:>7} {rate:>8.1f} {ideal:>6.0f} {rate / ideal:>8.0%} {used:>10}")
+    out(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
