@@ -9,6 +9,9 @@ claim/finish inside an active run, a plain transaction.atomic() per finish), and
 On MariaDB (``--mariadb-url``) three: "mysqlclient" (the same SQL from the plain C-backed driver: the limit),
 "direct" and "job".
 Every Python measurement runs in a child process of its own, so its peak RSS is its own.
+
+``--scale``: claim(50)'s p50 as dead rows pile up (0, 100,000, 1,000,000 beside 20,000 due rows) and as the
+table grows (100,000 and 5,000,000 rows, 1 % of them due), with the claim's EXPLAIN (ANALYZE, BUFFERS).
 """
 
 from __future__ import annotations
@@ -246,6 +249,198 @@ def _mariadb_due_index(cursor) -> str:
     return cursor.fetchone()[0]
 
 
+# --- claim at scale (--scale) -------------------------------------------------------------------------------
+
+# name: (due rows, dead rows, done rows). Dead rows are older than every due row (they were due first and
+# failed), so an index that held them would make each claim walk past all of them; 1 % due rows are spread
+# over the table (every 100th row), so each claimed row is on a heap page of its own at every size.
+SCALES = {
+    "dead 0": (20_000, 0, 0),
+    "dead 100k": (20_000, 100_000, 0),
+    "dead 1M": (20_000, 1_000_000, 0),
+    "100k, 1% due": (1_000, 0, 99_000),
+    "5M, 1% due": (50_000, 0, 4_950_000),
+}
+SCALE_TARGETS = {"dead 100k": ("dead 0", 1.2), "dead 1M": ("dead 0", 1.2), "5M, 1% due": ("100k, 1% due", 1.3)}
+SCALE_ROUNDS, SCALE_CLAIMS = 10, 20  # claims timed per round; the claimed rows are made due again between rounds
+SCALE_EXPLAINS = 21
+
+
+def _child_scale() -> dict:
+    """Time claim(limit=50) in rounds; between rounds put the claimed rows back as they were and VACUUM."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from fabrika_django._running import ActiveRun, running
+    from fabrika_django.jobs import CronJob
+    from fabrika_django.schedule import Schedule
+    from testproject.lab.models import Item
+
+    job = CronJob(name="bench_scale", func=lambda ctx: None, schedule=Schedule("*/5 * * * *"))
+    claims: list[float] = []
+    with running(ActiveRun(job=job)):
+        for _round in range(SCALE_ROUNDS):
+            claimed: list[int] = []
+            for _claim in range(SCALE_CLAIMS):
+                t0 = time.perf_counter()
+                rows = Item.objects.claim(limit=50)
+                claims.append(time.perf_counter() - t0)
+                if len(rows) != 50:
+                    raise SystemExit(f"a claim found {len(rows)} due rows, not 50: the table is too small")
+                claimed += [row.pk for row in rows]
+            _unclaim(connection, claimed)
+        with CaptureQueriesContext(connection) as queries:
+            Item.objects.claim(limit=50)
+        (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+        _unclaim(connection, [])
+        # The server's own time for the claim's SELECT (the part dead rows and table size could change), free of
+        # the client's noise: EXPLAIN ANALYZE of it, each in a transaction rolled back (its locks only).
+        executions = []
+        for _explain in range(SCALE_EXPLAINS):
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {select}")
+                plan = [row[0] for row in cursor.fetchall()]
+                transaction.set_rollback(True)
+            executions += [float(line.split()[-2]) / 1000 for line in plan if line.startswith("Execution Time")]
+    return {"claims": claims, "executions": executions, "plan": plan}
+
+
+def _unclaim(connection, pks: list[int]) -> None:
+    """Make claimed rows due again as the fill made them (by n), then VACUUM away the versions claims left."""
+    with connection.cursor() as cursor:
+        if pks:
+            cursor.execute(
+                f"UPDATE {TABLE} SET attempts = 0, version = 0, "
+                "due = now() - interval '1 hour' + n * interval '1 millisecond' WHERE id = ANY(%s)",
+                [pks],
+            )
+        else:  # after the EXPLAIN's claim: whatever was claimed last
+            cursor.execute(
+                f"UPDATE {TABLE} SET attempts = 0, version = 0, "
+                "due = now() - interval '1 hour' + n * interval '1 millisecond' WHERE attempts = 1"
+            )
+        cursor.execute(f"VACUUM {TABLE}")
+
+
+def _fill_scale(url: str, due: int, dead: int, done: int) -> float:
+    """Fill the table with ``dead`` old dead rows, then due and done rows mixed (every 100th due at 1 %).
+
+    Answers the seconds the fill took (INSERT ... SELECT generate_series, then VACUUM ANALYZE).
+    """
+    import psycopg
+
+    t0 = time.perf_counter()
+    with psycopg.connect(_psql_url(url), autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {TABLE}")
+        if dead:
+            conn.execute(
+                f"INSERT INTO {TABLE} (n, writes, attempts, due, version, last_failure) "
+                f"SELECT 100000000 + g, 0, {MAX_ATTEMPTS}, now() - interval '2 days' + g * interval '1 millisecond', "
+                f"{MAX_ATTEMPTS}, 'bench' FROM generate_series(1, %s) AS g",
+                [dead],
+            )
+        every = (due + done) // due
+        conn.execute(
+            f"INSERT INTO {TABLE} (n, writes, attempts, due, version, last_failure) "
+            "SELECT g, 0, 0, CASE WHEN mod(g, %s) = 0 "
+            "THEN now() - interval '1 hour' + g * interval '1 millisecond' END, 0, '' FROM generate_series(1, %s) AS g",
+            [every, due + done],
+        )
+        conn.execute(f"VACUUM ANALYZE {TABLE}")
+    return time.perf_counter() - t0
+
+
+def _p50_ms(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] * 1000
+
+
+def _scale(args) -> None:
+    """Fill each SCALES table, time claim(50) on it in a child, print p50s, ratios and each claim's plan."""
+    url = args.database_url
+    _migrate(url)
+    found = {}
+    for name, (due, dead, done) in SCALES.items():
+        if args.scales and name not in args.scales.split(","):
+            continue
+        filled = _fill_scale(url, due, dead, done)
+        print(f"# {name}: filled {due + dead + done} rows in {filled:.0f} s", file=sys.stderr)
+        argv = [sys.executable, "-m", "bench.claim", "--child", "scale", "--database-url", url]
+        run = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+        if run.returncode:
+            raise SystemExit(f"scale {name} failed: {run.stderr.strip()[-2000:]}")
+        found[name] = json.loads(run.stdout)
+    print(f"== claim(limit=50) at scale: {SCALE_ROUNDS * SCALE_CLAIMS} claims a table (client: claim() whole, ms), ")
+    print(f"   and {SCALE_EXPLAINS} EXPLAIN ANALYZE of its SELECT (server: Execution Time, ms); ratios of the p50s")
+    columns = f"{'table':14} {'due':>7} {'dead':>9} {'done':>9} {'client p50/p95':>15} {'server p50':>10}"
+    print(f"{columns} {'ratio c/s':>11}  target")
+    for name, figures in found.items():
+        due, dead, done = SCALES[name]
+        p50, server = _p50_ms(figures["claims"]), _p50_ms(figures["executions"])
+        base, target = SCALE_TARGETS.get(name, (None, None))
+        ratio, verdict = "", ""
+        if base in found:
+            client_ratio = p50 / _p50_ms(found[base]["claims"])
+            server_ratio = server / _p50_ms(found[base]["executions"])
+            ratio = f"{client_ratio:.2f}/{server_ratio:.2f}"
+            verdict = f"<= {target}x of '{base}': {'meets' if client_ratio <= target else 'MISSES'}"
+        client = f"{p50:.2f}/{_ms(figures['claims'], 0.95)}"
+        print(f"{name:14} {due:>7} {dead:>9} {done:>9} {client:>15} {server:>10.3f} {ratio:>11}  {verdict}")
+    for name, figures in found.items():
+        print(f"\n-- {name}: EXPLAIN (ANALYZE, BUFFERS) of the claim's SELECT")
+        print("\n".join(figures["plan"]))
+
+
+def _child_profile(drain: int) -> dict:
+    """The job way's per_row pattern under cProfile: where a claimed batch and its finishes spend the CPU."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    answer: dict = {}
+
+    def profiled(rows, finish=None):
+        profile.enable()
+        try:
+            return finish(rows)
+        finally:
+            profile.disable()
+
+    from fabrika_django import cron
+    from fabrika_django._handlers import handler_threads
+    from fabrika_django.runner import run
+
+    @cron("*/5 * * * *", name="bench_profile", timeout=timedelta(hours=1))
+    def bench_job(ctx):
+        finish = _finisher("per_row", ctx.transaction)
+        from testproject.lab.models import Item
+
+        claim = Item.objects.claim
+
+        def claimed(limit):  # the claim profiled too
+            profile.enable()
+            try:
+                return claim(limit=limit)
+            finally:
+                profile.disable()
+
+        Item.objects.claim = claimed  # type: ignore[method-assign]
+        try:
+            answer.update(_drain("per_row", drain, lambda rows: profiled(rows, finish)))
+        finally:
+            del Item.objects.claim
+
+    result = run(bench_job)
+    handler_threads.drain()
+    if not result.ok:
+        raise SystemExit(f"the profiled job ended {result.outcome}")
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return {"rows": answer["rows"], "elapsed": answer["elapsed"], "profile": out.getvalue()}
+
+
 def _peak_rss_kb(pid: int | str) -> int:
     """Return a process's peak RSS since its exec (VmHWM; getrusage would count the forked parent's pages)."""
     try:
@@ -257,6 +452,15 @@ def _peak_rss_kb(pid: int | str) -> int:
 
 
 def _child(args) -> None:
+    if args.child == "profile":
+        _setup_django(args.database_url)
+        answer = _child_profile(args.drain)
+        print(f"{answer['rows']} rows in {answer['elapsed']:.2f} s under cProfile\n{answer['profile']}")
+        return
+    if args.child == "scale":
+        _setup_django(args.database_url)
+        json.dump(_child_scale(), sys.stdout)
+        return
     if args.child == "psycopg":
         answer = _child_psycopg(args.pattern, args.drain, args.database_url)
     elif args.child == "mysqlclient":
@@ -506,12 +710,26 @@ def main(argv: list[str] | None = None) -> None:
     every = dict.fromkeys((*WAYS, *MARIADB_WAYS))
     parser.add_argument("--ways", default=",".join(every), help=f"a subset of {','.join(every)}")
     parser.add_argument("--patterns", default=",".join(PATTERNS), help=f"a subset of {','.join(PATTERNS)}")
-    parser.add_argument("--child", choices=(*WAYS[1:], "mysqlclient"), help=argparse.SUPPRESS)
+    parser.add_argument("--scale", action="store_true", help="claim(50) as dead rows pile up and the table grows")
+    parser.add_argument("--profile", action="store_true", help="the job way's per_row drain under cProfile")
+    parser.add_argument("--scales", default="", help=f"with --scale, a subset of {','.join(SCALES)}")
+    parser.add_argument("--child", choices=(*WAYS[1:], "mysqlclient", "scale", "profile"), help=argparse.SUPPRESS)
     parser.add_argument("--pattern", choices=tuple(PATTERNS), help=argparse.SUPPRESS)
     parser.add_argument("--drain", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args)
+        return
+    if args.scale:
+        _scale(args)
+        return
+    if args.profile:
+        _migrate(args.database_url)
+        _fill(args.database_url, args.rows)
+        argv = [sys.executable, "-m", "bench.claim", "--child", "profile", "--drain", str(args.per_row_drain)]
+        subprocess.run(
+            [*argv, "--database-url", args.database_url], check=True, cwd=Path(__file__).resolve().parent.parent
+        )
         return
     for database in args.databases.split(","):
         url, ways = (args.database_url, WAYS) if database == "postgresql" else (args.mariadb_url, MARIADB_WAYS)
@@ -519,7 +737,7 @@ def main(argv: list[str] | None = None) -> None:
         _report(_measure(url, wanted, args), args, database)
 
 
-def _measure(url: str, ways: list[str], args) -> dict[str, dict[str, list[dict]]]:
+def _migrate(url: str) -> None:
     _ensure_database(url)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
@@ -527,6 +745,10 @@ def _measure(url: str, ways: list[str], args) -> dict[str, dict[str, list[dict]]
         cwd=Path(__file__).resolve().parent.parent,
         env=dict(os.environ, DATABASE_URL=url, FABRIKA_LAB="1"),
     )
+
+
+def _measure(url: str, ways: list[str], args) -> dict[str, dict[str, list[dict]]]:
+    _migrate(url)
     drains = {"per_row": args.per_row_drain, "batch": args.batch_drain}
     patterns = args.patterns.split(",")
     runs: dict[str, dict[str, list[dict]]] = {pattern: {way: [] for way in ways} for pattern in patterns}

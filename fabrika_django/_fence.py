@@ -31,6 +31,9 @@ class LeaseFence:
         self.signal = signal
         #: time.monotonic() up to which the lease is known to be ours (measured before the renewal was sent).
         self.valid_until = valid_until
+        #: PostgreSQL: the "BEGIN; lock" query of each raw connection (by id, with the connection to check it
+        #: is the same one), built at its first transaction: the same bytes for every transaction of the attempt.
+        self._begin_queries: dict[int, tuple[Any, bytes]] = {}
 
     def check(self) -> None:
         """Raise if the attempt ended or its lease may have expired."""
@@ -44,26 +47,22 @@ class LeaseFence:
     def hold(self, using: str | None) -> None:
         """Lock the lease row for the rest of the transaction, or raise LeaseLost if it is not ours."""
         # Imported here: this module is imported with the package, before the app registry is ready.
-        from . import _jobstate
         from .models import Lease
 
-        alias = using or router.db_for_write(Lease)
-        connection = connections[alias]
-        sql = _jobstate.hold_lease_sql(connection)
-        token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
+        connection = connections[using or router.db_for_write(Lease)]
         with connection.cursor() as cursor:
-            if connection.vendor == "sqlite":
+            if connection.vendor == "postgresql":
+                held = self._begin_with(connection, cursor)
+            elif connection.vendor == "sqlite":
                 # SQLite has no row locks: a write takes the database write lock for the transaction.
-                cursor.execute(sql, [self.lease_id, token])
+                cursor.execute(*self._statement(connection))
                 held = cursor.rowcount == 1
-            elif connection.vendor == "postgresql":
-                held = _begin_with(connection, cursor, sql, [self.lease_id, token])
             elif connection.vendor == "mysql":
-                cursor.execute(sql, [self.lease_id, token])  # answers whether the token's row is the job's
+                cursor.execute(*self._statement(connection))  # answers whether the token's row is the job's
                 found = cursor.fetchone()
                 held = found is not None and bool(found[0])
             else:
-                cursor.execute(sql, [self.lease_id, token])
+                cursor.execute(*self._statement(connection))
                 held = cursor.fetchone() is not None
         if not held:
             self.signal.abort("lease_lost")
@@ -72,27 +71,39 @@ class LeaseFence:
                 "the next run picks up."
             )
 
+    def _statement(self, connection: Any) -> tuple[str, list[Any]]:
+        """Return the lock statement (``_jobstate.hold_lease_sql``) and its parameters: the lease row's id, token."""
+        from . import _jobstate
+        from .models import Lease
 
-def _begin_with(connection: Any, cursor: Any, sql: str, params: list[Any]) -> bool:
-    """Run the lock in the same round trip as the transaction's BEGIN (PostgreSQL); True if it found the row.
+        token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
+        return _jobstate.hold_lease_sql(connection), [self.lease_id, token]
 
-    psycopg sends a transaction's BEGIN on its own and waits for it before the first statement, so the fence
-    would cost two round trips per transaction. Here ``BEGIN; SELECT …`` goes as one simple query through
-    psycopg's documented low-level connection (``pgconn``); psycopg then finds the transaction open and sends
-    no BEGIN of its own. Inside a transaction already (a TestCase) the lock is an ordinary statement.
-    """
-    import psycopg  # the postgres extra's: not installed for SQLite-only projects
+    def _begin_with(self, connection: Any, cursor: Any) -> bool:
+        """Run the lock in the same round trip as the transaction's BEGIN (PostgreSQL); True if it found the row.
 
-    raw = connection.connection
-    if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        cursor.execute(sql, params)
-        return cursor.fetchone() is not None
-    query = f"{_begin(raw)}; " + psycopg.ClientCursor(raw).mogrify(sql, params)
-    with connection.wrap_database_errors:  # raised as Django's errors, as from a cursor
-        result = raw.pgconn.exec_(query.encode(raw.info.encoding))
-        if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
-            raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-    return result.ntuples == 1
+        psycopg sends a transaction's BEGIN on its own and waits for it before the first statement, so the
+        fence would cost two round trips per transaction. Here ``BEGIN; SELECT …`` goes as one simple query
+        through psycopg's documented low-level connection (``pgconn``); psycopg then finds the transaction open
+        and sends no BEGIN of its own. Inside a transaction already (a TestCase) the lock is an ordinary
+        statement. The query is built once per connection (binding it cost as much Python as the rest of a
+        finishing transaction).
+        """
+        import psycopg  # the postgres extra's: not installed for SQLite-only projects
+
+        raw = connection.connection
+        if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            cursor.execute(*self._statement(connection))
+            return cursor.fetchone() is not None
+        built = self._begin_queries.get(id(raw))
+        if built is None or built[0] is not raw:
+            query = f"{_begin(raw)}; " + psycopg.ClientCursor(raw).mogrify(*self._statement(connection))
+            built = self._begin_queries[id(raw)] = (raw, query.encode(raw.info.encoding))
+        with connection.wrap_database_errors:  # raised as Django's errors, as from a cursor
+            result = raw.pgconn.exec_(built[1])
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        return result.ntuples == 1
 
 
 def _begin(raw: Any) -> str:

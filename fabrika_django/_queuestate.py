@@ -3,8 +3,11 @@
 A row is *waiting* while ``due`` is set and its attempts are below the model's ``Queue.max_attempts``
 (*due now* is a waiting row whose ``due`` has come), *dead* once they reach it, and *done* when ``due`` is
 null. The queryset's filters, the model's ``state``, the admin's filter, the overview's and the status
-command's counts all ask here. Every condition but done's keeps ``due IS NOT NULL``, the predicate of the
-table's partial ``(due, pk)`` index, so the index serves it.
+command's counts all ask here, and so do the table's two partial indexes (``models.py``): the claim's
+``(due, pk)`` index holds waiting rows only (``state_q(model, "waiting")``), so dead rows, however many, are
+never in the claim's path, and a ``(pk)`` index holds dead rows only (``state_q(model, "dead")``), so they
+are counted and listed without reading the table. Every condition but done's keeps ``due IS NOT NULL`` and
+the attempts term of one of those predicates, written the same way, so each index serves its state.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ STATES = (
 )
 
 
-#: The rows a queue table's partial ``(due, pk)`` index holds: waiting and dead ones (every state but done).
+#: Every state but done: waiting and dead rows.
 NOT_DONE = Q(due__isnull=False)
 
 
@@ -41,16 +44,33 @@ def state_q(model: type[models.Model], state: str, now: datetime | None = None) 
     """Return the condition of ``state`` on ``model``'s rows (``due_now`` needs ``now``)."""
     limit = max_attempts_of(model)
     if state == "waiting":
-        return NOT_DONE & Q(attempts__lt=limit)
+        return waiting_q(limit)
     if state == "due_now":
         if now is None:
             raise ValueError("state_q(..., 'due_now') needs now=: the moment rows are due by.")
-        return NOT_DONE & Q(attempts__lt=limit, due__lte=now)
+        # The claim's condition: it holds the claim index's predicate (waiting_q) term for term, which is how
+        # PostgreSQL and SQLite see that the partial index serves it.
+        return waiting_q(limit) & Q(due__lte=now)
     if state == "dead":
-        return NOT_DONE & Q(attempts__gte=limit)
+        return dead_q(limit)
     if state == "done":
         return Q(due__isnull=True)
     raise ValueError(f"{state!r} is not a queue state: use one of {', '.join(key for key, _label in STATES)}.")
+
+
+def waiting_q(max_attempts: int) -> Q:
+    """Return the waiting rows of a table whose ``Queue.max_attempts`` is ``max_attempts`` (the claim index's)."""
+    return NOT_DONE & Q(attempts__lt=max_attempts)
+
+
+def dead_q(max_attempts: int) -> Q:
+    """Return the dead rows of a table whose ``Queue.max_attempts`` is ``max_attempts`` (the dead index's)."""
+    return NOT_DONE & Q(attempts__gte=max_attempts)
+
+
+def not_done_q(model: type[models.Model]) -> Q:
+    """Return waiting or dead rows as the two partial indexes' predicates, so a scan of both serves it."""
+    return state_q(model, "waiting") | state_q(model, "dead")
 
 
 def row_state(row: Any) -> str:

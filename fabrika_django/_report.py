@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from . import _health, _jobstate
-from ._queuestate import NOT_DONE, q_sql, state_sql
+from ._queuestate import not_done_q, q_sql, state_sql
 from .jobs import registry
 from .models import QueueModel
 
@@ -49,8 +49,9 @@ def count_sql(
 ) -> tuple[str, list[Any]]:
     """Return the one statement that counts a queue table's states, and its parameters.
 
-    The outer query reads only rows with ``due`` set, the predicate of the table's partial index, so waiting,
-    due-now and dead rows are counted from that index however many done rows the table holds. Done rows are
+    The outer query reads only waiting or dead rows, written as the predicates of the table's two partial
+    indexes (claim's and dead rows'), so they are counted from those indexes however many done rows the table
+    holds. Done rows are
     counted in a sub-select that stops at ``cap + 1`` (when a cap is given): a million finished rows cost no
     more than ten thousand. Written out because the ORM's ``aggregate()`` refuses the scalar sub-select; the
     conditions are the states' own ``Q`` compiled, once per table (``_count_template``): compiling them cost
@@ -87,7 +88,7 @@ def _compile_count(
     opts = model._meta
     due_field: Any = opts.get_field("due")
     table, due = quote(opts.db_table), quote(due_field.column)
-    indexed, indexed_params = q_sql(model, NOT_DONE, connection)
+    indexed, indexed_params = q_sql(model, not_done_q(model), connection)
     waiting, waiting_params = state_sql(model, "waiting", now, connection)
     due_now, due_now_params = state_sql(model, "due_now", now, connection)
     dead, dead_params = state_sql(model, "dead", now, connection)

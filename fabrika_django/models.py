@@ -14,7 +14,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ._queuestate import DEFAULT_MAX_ATTEMPTS, NOT_DONE, max_attempts_of, row_state
+from ._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state, state_q, waiting_q
 from .exceptions import VersionConflict
 from .jobs import registry, task_job_name
 from .kicks import kick
@@ -116,20 +116,37 @@ class QueueModel(models.Model):
 
 
 @receiver(class_prepared)
-def _add_partial_due_index(sender: type[models.Model], **kwargs: Any) -> None:
-    """Give every concrete queue model an index on ``(due, pk)`` covering only waiting and dead rows."""
+def _add_queue_indexes(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give every concrete queue model its claim index and its dead-row index, both partial.
+
+    The claim index, on ``(due, pk)`` (claim's order: oldest due, then pk), holds waiting rows only: done rows
+    (due null) are most of a busy table and dead ones can pile up by the million, and the claim walks this
+    index, so neither may be in it. The dead-row index, on ``pk``, holds dead rows only, so the overview counts
+    them and the admin lists them without reading the table. Both predicates are the states' own ``Q``
+    (``_queuestate``), with the model's ``max_attempts`` in them: changing it makes a migration. A backend
+    without partial indexes (MariaDB, MySQL) builds both whole; a model that declares an index of either
+    name keeps its own.
+    """
     if not issubclass(sender, QueueModel) or sender._meta.abstract or sender._meta.proxy:
         return
-    fields = ["due", sender._meta.pk.name]  # claim's order: oldest due, then pk
+    pk = sender._meta.pk.name
+    wanted = [
+        _named_index(sender, ["due", pk], state_q(sender, "waiting")),
+        _named_index(sender, [pk], state_q(sender, "dead")),
+    ]
+    declared = {index.name for index in sender._meta.indexes}
+    added = [index for index in wanted if index.name not in declared]
+    if added:
+        sender._meta.indexes = [*sender._meta.indexes, *added]
+        # Migrations read a model's indexes only when its Meta declared some.
+        sender._meta.original_attrs["indexes"] = sender._meta.indexes
+
+
+def _named_index(model: type[models.Model], fields: list[str], condition: models.Q) -> models.Index:
+    """Return an index on ``fields`` with Django's own short, stable name for them, and ``condition``."""
     named = models.Index(fields=fields)
-    named.set_name_with_model(sender)  # Django's own short, stable naming
-    if any(index.name == named.name for index in sender._meta.indexes):
-        return
-    # Done rows (due null) are most of a busy table and never looked up by due.
-    partial = models.Index(fields=fields, name=named.name, condition=NOT_DONE)
-    sender._meta.indexes = [*sender._meta.indexes, partial]
-    # Migrations read a model's indexes only when its Meta declared some.
-    sender._meta.original_attrs["indexes"] = sender._meta.indexes
+    named.set_name_with_model(model)
+    return models.Index(fields=fields, name=named.name, condition=condition)
 
 
 class Outcome(models.TextChoices):
@@ -381,11 +398,12 @@ class QueuedTask(QueueModel):
         verbose_name = _("task")
         verbose_name_plural = _("tasks")
         indexes = [
-            # The claim: one (backend, queue) in claim order, over waiting and dead rows only.
+            # The claim: one (backend, queue) in claim order, over waiting rows only (as the claim index of
+            # every queue table: a given-up task is dead, and dead rows stay out of the claim's path).
             models.Index(
                 fields=["backend", "queue_name", "-priority", "due", "id"],
                 name="fabrika_task_claim",
-                condition=NOT_DONE,
+                condition=waiting_q(TASK_ATTEMPTS_CEILING),
             ),
             models.Index(fields=["finished_at"], name="fabrika_task_finished"),  # the pruning
         ]

@@ -271,16 +271,37 @@ def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRu
 def _update_row(model: type[models.Model], using: str, pk: Any, version: int, values: dict[str, Any]) -> bool:
     """Write ``values`` and the next version to the row if its version is still ``version``: one UPDATE."""
     connection = connections[using]
-    assigned = _assignments(model, connection, values)
-    if assigned is None:
+    built = _row_update(model, connection, tuple(values))
+    if built is None or any(hasattr(value, "resolve_expression") for value in values.values()):
         mine = model._base_manager.using(using).filter(pk=pk, version=version)
         return bool(mine.update(**values, version=version + 1))
-    parts, params = assigned
-    table, version_c, pk_c = _quoted(connection, model, "version", "pk")
-    sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = %s WHERE {pk_c} = %s AND {version_c} = %s"  # noqa: S608
+    sql, fields = built
+    params = [_prepared(field, value, connection) for field, value in zip(fields, values.values(), strict=True)]
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, [*params, version + 1, *_db_pks(model, connection, [pk]), version])
         return cursor.rowcount == 1
+
+
+# A finish's UPDATE by (model, field names, vendor): the same few statements come back for every row, and
+# looking up and quoting their fields cost as much Python as the rest of a finishing transaction.
+_ROW_UPDATES: dict[tuple[Any, ...], tuple[str, list[Any]] | None] = {}
+
+
+def _row_update(
+    model: type[models.Model], connection: BaseDatabaseWrapper, names: tuple[str, ...]
+) -> tuple[str, list[Any]] | None:
+    """Return ``_update_row``'s statement for ``names`` and their fields, or None where the ORM must write."""
+    key = (model, names, connection.vendor)
+    if key not in _ROW_UPDATES:
+        fields = [_writable_field(model, name) for name in names]
+        if any(field is None for field in fields):
+            _ROW_UPDATES[key] = None
+        else:
+            parts = [f"{connection.ops.quote_name(field.column)} = %s" for field in fields]
+            table, version_c, pk_c = _quoted(connection, model, "version", "pk")
+            sql = f"UPDATE {table} SET {', '.join(parts)}, {version_c} = %s WHERE {pk_c} = %s AND {version_c} = %s"  # noqa: S608
+            _ROW_UPDATES[key] = (sql, fields)
+    return _ROW_UPDATES[key]
 
 
 def _update_versioned(model: type[models.Model], using: str, rows: list[Any], values: dict[str, Any]) -> set[Any]:
@@ -343,25 +364,33 @@ def _assignments(
     model: type[models.Model], connection: BaseDatabaseWrapper, values: dict[str, Any]
 ) -> tuple[list[str], list[Any]] | None:
     """Return ``column = %s`` parts and their prepared values, or None where the ORM must write (see above)."""
-    opts = model._meta
     parts, params = [], []
     for name, value in values.items():
-        try:
-            field: Any = opts.get_field(name)
-        except FieldDoesNotExist:
+        field = _writable_field(model, name)
+        if field is None or hasattr(value, "resolve_expression"):
             return None
-        if (
-            not field.concrete
-            or field.many_to_many
-            or field.model._meta.concrete_model is not opts.concrete_model
-            or hasattr(value, "resolve_expression")
-        ):
-            return None
-        if value is not None and field.remote_field and hasattr(value, "prepare_database_save"):
-            value = value.prepare_database_save(field)
         parts.append(f"{connection.ops.quote_name(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
+        params.append(_prepared(field, value, connection))
     return parts, params
+
+
+def _writable_field(model: type[models.Model], name: str) -> Any:
+    """Return the model's field ``name`` if a plain ``column = %s`` writes it, else None (the ORM must)."""
+    opts = model._meta
+    try:
+        field: Any = opts.get_field(name)
+    except FieldDoesNotExist:
+        return None
+    if not field.concrete or field.many_to_many or field.model._meta.concrete_model is not opts.concrete_model:
+        return None
+    return field
+
+
+def _prepared(field: Any, value: Any, connection: BaseDatabaseWrapper) -> Any:
+    """Return ``value`` as the database takes it for ``field`` (a model instance as its key)."""
+    if value is not None and field.remote_field and hasattr(value, "prepare_database_save"):
+        value = value.prepare_database_save(field)
+    return field.get_db_prep_save(value, connection)
 
 
 def _quoted(connection: BaseDatabaseWrapper, model: type[models.Model], *names: str) -> list[str]:

@@ -13,6 +13,10 @@ _NEEDS = {
         {"postgresql", "mysql"},
         "needs row locks and SKIP LOCKED (PostgreSQL, MariaDB, MySQL): SQLite locks the whole database",
     ),
+    "partial_indexes": (
+        {"postgresql", "sqlite"},
+        "needs partial indexes (PostgreSQL, SQLite): MariaDB and MySQL build every index whole",
+    ),
     "listen_notify": (
         {"postgresql"},
         "needs LISTEN/NOTIFY (PostgreSQL): workers on this database poll, as test_worker.py's polling tests check",

@@ -150,26 +150,39 @@ def test_a_live_lease_is_not_taken_over():
     assert not Attempt.objects.exists()
 
 
+def _fence_of(job, token):
+    import time
+
+    from fabrika_django._fence import LeaseFence
+    from fabrika_django.context import AbortSignal
+
+    return LeaseFence(job, token, AbortSignal(time.monotonic() + 60), time.monotonic() + 60)
+
+
 @pytest.mark.postgresql
 def test_the_fence_begins_the_transaction_as_psycopg_would_with_the_connections_isolation_level():
-    """The fence's lock goes out with the transaction's BEGIN: that BEGIN keeps the configured isolation level."""
+    """The fence's lock goes out with the transaction's BEGIN: that BEGIN keeps the configured isolation level,
+    also on a new connection after the fence built its query for an earlier one."""
     import psycopg
-
-    from fabrika_django._fence import _begin_with
 
     runner.sync_jobs(["lab_stamp"])
     token = uuid.uuid4()
     Lease.objects.filter(job="lab_stamp").update(token=token)
+    fence = _fence_of("lab_stamp", token)
+    with transaction.atomic(), connection.cursor() as cursor:
+        assert fence._begin_with(connection, cursor)  # built for the first connection, at its default level
+    connection.close()
     connection.ensure_connection()
     raw = connection.connection
     raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            sql = "SELECT 1 FROM fabrika_django_lease WHERE job = %s AND token = %s FOR KEY SHARE"
-            assert _begin_with(connection, cursor, sql, ["lab_stamp", token])
-            assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-            cursor.execute("SHOW transaction_isolation")
-            assert cursor.fetchone() == ("serializable",)
-            assert not _begin_with(connection, cursor, sql, ["lab_stamp", uuid.uuid4()])  # inside: a plain statement
+        for _transaction in range(2):  # built for this connection, then reused
+            with transaction.atomic(), connection.cursor() as cursor:
+                assert fence._begin_with(connection, cursor)
+                assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+                cursor.execute("SHOW transaction_isolation")
+                assert cursor.fetchone() == ("serializable",)
+                # Inside a transaction already: a plain statement, which finds no row of another token.
+                assert not _fence_of("lab_stamp", uuid.uuid4())._begin_with(connection, cursor)
     finally:
         raw.isolation_level = None

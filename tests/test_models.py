@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from fabrika_django import exceptions
+from fabrika_django._queuestate import state_q
 from fabrika_django.exceptions import VersionConflict
 from fabrika_django.models import Outcome
 from testproject.lab.models import Item
@@ -70,22 +71,70 @@ def test_row_state_follows_due_and_attempts():
     assert row.state == "done"
 
 
-def test_each_queue_model_gets_a_partial_due_pk_index():
+def test_each_queue_model_gets_a_partial_due_pk_index_over_waiting_rows():
     (index,) = [index for index in OutboxMail._meta.indexes if index.fields == ["due", "id"]]
 
-    assert str(index.condition) == "(AND: ('due__isnull', False))"
+    assert index.condition == state_q(OutboxMail, "waiting")
+    assert str(index.condition) == "(AND: ('due__isnull', False), ('attempts__lt', 5))"  # OutboxMail: max 5
     constraints = connection.introspection.get_constraints(connection.cursor(), OutboxMail._meta.db_table)
     assert constraints[index.name]["columns"] == ["due", "id"]
     assert constraints[index.name]["index"] is True
 
 
-@pytest.mark.postgresql
-def test_the_due_index_leaves_done_rows_out_on_postgresql():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [Reminder._meta.db_table])
-        definitions = [row[0] for row in cursor.fetchall()]
+def test_each_queue_model_gets_a_partial_pk_index_over_dead_rows():
+    (index,) = [index for index in Reminder._meta.indexes if index.fields == ["id"]]
 
-    assert [d for d in definitions if "(due, id)" in d][0].endswith("WHERE (due IS NOT NULL)")
+    assert str(index.condition) == "(AND: ('due__isnull', False), ('attempts__gte', 3))"  # Reminder: max 3
+    constraints = connection.introspection.get_constraints(connection.cursor(), Reminder._meta.db_table)
+    assert (constraints[index.name]["columns"], constraints[index.name]["index"]) == (["id"], True)
+
+
+def _index_definitions(model):
+    """Return the model's index definitions as the database stores them (CREATE INDEX ... WHERE ...)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [model._meta.db_table])
+        else:
+            sql = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s"
+            cursor.execute(sql, [model._meta.db_table])
+        return [row[0] for row in cursor.fetchall() if row[0]]
+
+
+@pytest.mark.partial_indexes
+def test_the_claim_index_leaves_done_and_dead_rows_out():
+    (claim_name,) = [index.name for index in Reminder._meta.indexes if index.fields == ["due", "id"]]
+    (dead_name,) = [index.name for index in Reminder._meta.indexes if index.fields == ["id"]]
+    definitions = _index_definitions(Reminder)
+    (claim_index,) = [d for d in definitions if f" {claim_name} " in d.replace('"', " ")]
+    (dead_index,) = [d for d in definitions if f" {dead_name} " in d.replace('"', " ")]
+
+    # Reminder's max_attempts is 3: waiting rows have fewer attempts, dead rows at least that many.
+    assert re.search(r"WHERE \(*\W?due\W? IS NOT NULL\)* AND \(*\W?attempts\W? < 3\)*$", claim_index), claim_index
+    assert re.search(r"WHERE \(*\W?due\W? IS NOT NULL\)* AND \(*\W?attempts\W? >= 3\)*$", dead_index), dead_index
+
+
+@pytest.mark.partial_indexes
+def test_claim_walks_the_claim_index_past_no_dead_row(job_run):
+    """Dead rows older than every due row would be walked and filtered one by one if they were in the index."""
+    Item.objects.bulk_create([Item(n=i, due=NOON - timedelta(days=1, seconds=i), attempts=10) for i in range(3000)])
+    Item.objects.bulk_create([Item(n=i, due=NOON - timedelta(seconds=i)) for i in range(100)])
+    Item.objects.bulk_create([Item(n=i, due=None) for i in range(3000)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(Item._meta.db_table)}")
+    with job_run(now=NOON), CaptureQueriesContext(connection) as queries:
+        assert len(Item.objects.claim(limit=50)) == 50
+    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    (index,) = [index.name for index in Item._meta.indexes if index.fields == ["due", "id"]]
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {select}")
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {select}")
+        plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
+    assert index in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan  # PostgreSQL: no dead row read and thrown away
+    assert "TEMP B-TREE" not in plan, plan  # SQLite: in the index's order, no sort
 
 
 # --- finish ----------------------------------------------------------------------------------------------

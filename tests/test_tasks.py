@@ -19,7 +19,7 @@ from fabrika_django._tasks_compat import (
     task_started,
 )
 from fabrika_django.jobs import registry
-from fabrika_django.models import QueuedTask
+from fabrika_django.models import TASK_ATTEMPTS_CEILING, QueuedTask
 from fabrika_django.tasks import FabrikaBackend
 from fabrika_django.testing import run_job, run_tasks
 from testproject.lab import tasks
@@ -292,3 +292,31 @@ def test_a_run_that_lost_its_lease_starts_no_further_task():
     row = QueuedTask.objects.get(result_id=waiting.id)
     assert (row.status, row.worker_ids, row.started_at) == ("READY", [], None)
     assert not Mark.objects.exists()
+
+
+@pytest.mark.postgresql
+def test_the_task_claim_walks_its_claim_index_in_order_past_no_given_up_task(job_run):
+    """Given-up (FAILED) tasks are dead rows: they stay out of the (backend, queue, priority, due) claim index."""
+    from django.db import connection
+    from django.db.models import Q
+    from django.test.utils import CaptureQueriesContext
+
+    now = timezone.now()
+    task = {"task_path": "testproject.lab.tasks.mark", "backend": "default", "queue_name": "default"}
+    old = now - timedelta(days=1)
+    QueuedTask.objects.bulk_create(
+        [QueuedTask(**task, due=old, attempts=TASK_ATTEMPTS_CEILING, status=FAILED) for _ in range(3000)]
+    )
+    QueuedTask.objects.bulk_create([QueuedTask(**task, due=now - timedelta(seconds=i)) for i in range(100)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {QueuedTask._meta.db_table}")
+    with job_run(now=now), CaptureQueriesContext(connection) as queries:
+        assert len(QueuedTask.objects.claim(limit=50, where=Q(backend="default", queue_name="default"))) == 50
+    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {select}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "fabrika_task_claim" in plan, plan
+    assert "Sort" not in plan, plan  # in the claim's order, from the index
+    assert "Rows Removed by Filter" not in plan, plan  # no given-up task read and thrown away
