@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--patterns", default=",".join(PATTERNS), help=f"a subset of {','.join(PATTERNS)}")
     parser.add_argument("--scale", action="store_true", help="claim(50) as dead rows pile up and the table grows")
     parser.add_argument("--profile", action="store_true", help="the job way's per_row drain under cProfile")
-    parser.add_argument("--scales", default="", help=f"with --scale, a subset of {','.join(SCALES)}")
+    parser.add_argument("--scales", default="", help=f"with --scale, a subset of {','.join(SCALES)}".replace("%", "%%"))
     parser.add_argument("--child", choices=(*WAYS[1:], "mysqlclient", "scale", "profile"), help=argparse.SUPPRESS)
     parser.add_argument("--pattern", choices=tuple(PATTERNS), help=argparse.SUPPRESS)
     parser.add_argument("--drain", type=int, help=argparse.SUPPRESS)
