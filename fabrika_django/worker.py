@@ -5,7 +5,8 @@ runs, so a kicked run starts without connecting), and on PostgreSQL a listener t
 (``_listen.Listener``). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
 every poll and after every (re)connection, so nothing a worker missed while away is lost.
 
-- A kick sets the job's pending flag; a run that starts clears it. A job whose lease another live run holds
+- A kick is a row a request inserted (``kicks``); the worker takes it on its poll, and before it serves the
+  NOTIFY that the kick's commit sent, which makes it the job's pending flag; a run that starts clears it. A job whose lease another live run holds
   is left alone: that run sees the flag when it ends and runs once more (the runner's ``_end``).
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
   fire is taken by exactly one worker, and fires missed while no worker ran collapse into one run.
@@ -90,6 +91,7 @@ class Worker:
         self._prepared = False
         self._next_scan = 0.0
         self._states = _jobstate.StateReader(list(self.jobs))
+        self._served = list(self.jobs)
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -152,8 +154,9 @@ class Worker:
             if name not in self.jobs or self._stop.is_set():
                 return
             if name in self._running or len(self._running) >= self.concurrency:
-                return  # the scan that follows the end of a run sees its pending flag
-            self._dispatch(name, "kick")
+                return  # the scan that follows the end of a run takes the kick
+            if self._take_kicks():
+                self._dispatch(name, "kick")
         elif kind == "done":
             name, failed, holder = message[1], message[2], message[3]
             self._running.discard(name)
@@ -197,7 +200,23 @@ class Worker:
         self._prepared = True
 
     def _read_states(self) -> dict[str, dict[str, Any]]:
+        _jobstate.take_kicks(self._served)  # kicks no worker heard (or took yet) become pending flags first
         return self._states.read()
+
+    def _take_kicks(self) -> bool:
+        """Before serving a NOTIFY: make the served jobs' kick rows pending flags, which the kick's run serves.
+
+        False when the database failed (the scan after the pause takes them).
+        """
+        try:
+            _jobstate.take_kicks(self._served)
+        except DatabaseError as exc:
+            logger.warning("Could not take kicks error=%s", type(exc).__name__)
+            self._connection_lost()
+            _close_quietly()
+            self._next_scan = time.monotonic() + self._backoff.next()
+            return False
+        return True
 
     def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
         now = self._now()
