@@ -145,6 +145,23 @@ def test_requeue_of_an_id_beyond_the_integer_range_exits_2_in_one_line():
     )
 
 
+@pytest.mark.django_db
+def test_requeue_of_a_running_task_exits_2_and_leaves_it_running():
+    from fabrika_django.models import QueuedTask
+    from testproject.lab.tasks import noop
+
+    result = noop.enqueue()
+    task = QueuedTask.objects.get(result_id=result.id)
+    QueuedTask.objects.filter(pk=task.pk).update(status="RUNNING", attempts=1)
+    code, out, error = fabrika_job("requeue", "fabrika_django.QueuedTask", "--id", str(task.pk))
+    assert (code, out) == (2, "")
+    assert error == (
+        f"fabrika_django.QueuedTask {task.pk} is RUNNING: a requeue could run it twice. Wait until it ends "
+        "(a killed worker's task is retried on its own once the job's lease expires); nothing was requeued."
+    )
+    assert QueuedTask.objects.filter(pk=task.pk).values_list("status", "attempts").get() == ("RUNNING", 1)
+
+
 def test_run_of_an_unknown_job_exits_2_naming_the_known_ones():
     code, out, error = fabrika_job("run", "nope")
     known = ", ".join(job.name for job in registry)

@@ -54,6 +54,22 @@ class _Parser(CommandParser):
         raise CommandError(f"Error: {message}", returncode=2)
 
 
+def _refuse_running_tasks(queue_model: type[QueueModel], rows: Any) -> None:
+    """A RUNNING task is being run by a worker now (or by one killed, until the job's lease expires and the task is
+    retried): made READY, it would run a second time beside the first."""
+    from fabrika_django.models import QueuedTask, TaskStatus
+
+    if not issubclass(queue_model, QueuedTask):
+        return
+    running = [str(pk) for pk in rows.filter(status=TaskStatus.RUNNING).values_list("pk", flat=True)]
+    if running:
+        raise _usage(
+            f"{queue_model._meta.label} {', '.join(running)} {'is' if len(running) == 1 else 'are'} RUNNING: a "
+            "requeue could run it twice. Wait until it ends (a killed worker's task is retried on its own once the "
+            "job's lease expires); nothing was requeued."
+        )
+
+
 def _usage(message: str) -> CommandError:
     return CommandError(message, returncode=2)
 
@@ -288,6 +304,7 @@ class Command(BaseCommand):
             rows = rows.filter(pk__in=pks)
         if dead:
             rows = rows.dead()
+        _refuse_running_tasks(queue_model, rows)
         requeued, conflicts = 0, []
         for row in rows.iterator(chunk_size=500):
             try:
