@@ -80,6 +80,11 @@ def active_annotation(now: datetime) -> Any:
     return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
 
 
+def kicked_annotation() -> Any:
+    """An ``Exists`` to annotate a ``Job`` queryset with ``kicked``: a kick row no worker has taken yet."""
+    return Exists(KickRequest.objects.filter(job=OuterRef("name")))
+
+
 def job_names() -> set[str]:
     """Return the names of the jobs that have a ``Job`` row."""
     return set(Job.objects.values_list("name", flat=True))

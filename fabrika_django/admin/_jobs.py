@@ -100,7 +100,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         css = {"all": ["fabrika_django/admin.css"]}
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).annotate(active=_jobstate.active_annotation(timezone.now()))
+        jobs = super().get_queryset(request)
+        return jobs.annotate(active=_jobstate.active_annotation(timezone.now()), kicked=_jobstate.kicked_annotation())
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _JobChangeList
@@ -188,7 +189,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=_("state"))
     def run_state(self, job: Job) -> str:
         active = bool(getattr(job, "active", False))
-        pending = job.pending_since is not None
+        pending = job.pending_since is not None or bool(getattr(job, "kicked", False))
         words = [str(_("active"))] if active else []
         if pending:
             words.append(str(_("pending")))
