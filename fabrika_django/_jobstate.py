@@ -236,8 +236,8 @@ def mark_pending(name: str, *, using: str | None = None) -> bool:
     """Set the job's pending flag unless it is up already; wake listening workers; True if this set it.
 
     The worker's own requests (a fire during a run, a run handed over at shutdown), in autocommit; a request's
-    kick is a ``KickRequest`` row instead (``add_kick``). One statement in the common case. The job's row is made only when it is missing (a job no worker or run
-    has seen yet).
+    kick is a ``KickRequest`` row instead (``add_kick``). One statement in the common case. The job's row is
+    made only when it is missing (a job no worker or run has seen yet).
     """
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
@@ -294,6 +294,12 @@ def notify(name: str, *, using: str | None = None) -> None:
 
 
 def _is_pending(name: str) -> bool:
+    """Whether the job was kicked: its flag, or a kick row no worker took yet (taken into the flag here).
+
+    Called under the Job row's lock when a run starts or ends, so a kick committed during a run is seen as it
+    ends also where no worker takes kick rows (``fabrika_job run`` from cron).
+    """
+    take_kicks([name])
     return Job.objects.filter(name=name, pending_since__isnull=False).exists()
 
 

@@ -20,6 +20,7 @@ Outside a transaction (autocommit) the kick is one statement, its own commit, at
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import DatabaseError, connections, router, transaction
 
@@ -47,7 +48,8 @@ def kick(name: str, *, using: str | None = None) -> None:
     job = registry.get(name)
     alias = kick_alias(using)
     if kicked_in_transaction(job.name, alias):
-        return  # this transaction's kick row is in already
+        kicked(job.name, alias)  # this transaction's kick row is in already: nothing more to write
+        return
     if connections[alias].in_atomic_block:
         with framework_write():
             _add(job.name, alias)
@@ -78,7 +80,9 @@ def kicked_in_transaction(name: str, alias: str) -> bool:
     connection = connections[alias]
     if not connection.in_atomic_block:
         return False
-    return any(isinstance(func, _Kicked) and func.name == name for _, func, _ in connection.run_on_commit)
+    # Each entry is (savepoint ids, callback, robust) (django-stubs knows an older two-item form).
+    callbacks: list[Any] = list(connection.run_on_commit)
+    return any(isinstance(entry[1], _Kicked) and entry[1].name == name for entry in callbacks)
 
 
 def kicked(name: str, alias: str) -> None:

@@ -163,8 +163,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
     assert answer is not None  # an INSERT ... RETURNING of one row
     row.pk = answer[0]
     row._state.adding, row._state.db = False, alias
-    if with_kick:
-        kicked(job, alias)
+    kicked(job, alias)
 
 
 @functools.lru_cache(maxsize=8)
@@ -180,15 +179,16 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     connection = connections[alias]
     fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
+    columns = ", ".join(quote(str(field.column)) for field in fields)
     values = ", ".join(f"%(v{index})s" for index in range(len(fields)))
     insert = (
         f"INSERT INTO {quote(QueuedTask._meta.db_table)} ({columns}) VALUES ({values}) "  # noqa: S608  quoted names
-        f"RETURNING {quote(QueuedTask._meta.pk.column)}"
+        f"RETURNING {quote(str(QueuedTask._meta.pk.column))}"
     )
     if not with_kick:
         return insert, fields
-    return f"WITH task AS ({insert}), {kick_cte(connection)} SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task", fields
+    notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
+    return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
 
 
 def _handler(alias: str, queue: str) -> Any:

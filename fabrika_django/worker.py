@@ -6,8 +6,9 @@ runs, so a kicked run starts without connecting), and on PostgreSQL a listener t
 every poll and after every (re)connection, so nothing a worker missed while away is lost.
 
 - A kick is a row a request inserted (``kicks``); the worker takes it on its poll, and before it serves the
-  NOTIFY that the kick's commit sent, which makes it the job's pending flag; a run that starts clears it. A job whose lease another live run holds
-  is left alone: that run sees the flag when it ends and runs once more (the runner's ``_end``).
+  NOTIFY that the kick's commit sent, which makes it the job's pending flag; a run that starts clears it. A
+  job whose lease another live run holds is left alone: that run sees the flag when it ends and runs once
+  more (the runner's ``_end``).
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
   fire is taken by exactly one worker, and fires missed while no worker ran collapse into one run.
 - A lease that expired with a token is a holder that vanished (SIGKILL): its job is run, which takes the
