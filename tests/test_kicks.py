@@ -59,6 +59,7 @@ class Commits:
             return real()
 
         monkeypatch.setattr(self.connection, "_commit", commit)
+        self.connection.ensure_connection()  # MariaDB's session settings on connecting are no part of the block
         with self.connection.execute_wrapper(self):
             yield self
         monkeypatch.undo()
