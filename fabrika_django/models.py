@@ -304,6 +304,8 @@ class KickRequest(models.Model):
     class Meta:
         verbose_name = _("kick request")
         verbose_name_plural = _("kick requests")
+        # Workers take the kicks of the jobs they serve; a kick in autocommit looks for one already waiting.
+        indexes = [models.Index(fields=["job"], name="fabrika_kick_job")]
 
     def __str__(self) -> str:
         return f"kick {self.job}"

@@ -82,6 +82,15 @@ def test_a_kick_rides_in_the_callers_commit(lab_slow_row, monkeypatch):
     assert kick_rows() == 1
 
 
+def test_a_kick_in_autocommit_writes_nothing_while_one_waits_but_one_in_a_transaction_always_writes(lab_slow_row):
+    kick("lab_slow")
+    kick("lab_slow")  # autocommit: the waiting kick will be taken after this point, which covers this one
+    assert kick_rows() == (1 if connections["default"].vendor == "postgresql" else 2)
+    with transaction.atomic():
+        kick("lab_slow")  # the waiting kick could be taken and its run started before this transaction commits
+    assert kick_rows() == (2 if connections["default"].vendor == "postgresql" else 3)
+
+
 def test_kick_inside_a_transaction_is_seen_only_when_it_commits(lab_slow_row):
     seen_inside = []
     with transaction.atomic():
