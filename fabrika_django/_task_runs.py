@@ -16,6 +16,7 @@ import functools
 import logging
 import traceback
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, router
@@ -24,7 +25,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import _metrics, _prepared
-from ._queuestate import max_attempts_of
+from ._queuestate import state_sql
 from ._running import active_run, framework_write, outside_run
 from ._tasks_compat import (
     Task,
@@ -90,13 +91,13 @@ def _claim(alias: str, queue: str, where: Q) -> list[Any]:
     if run is None or connection.vendor != "postgresql":
         return list(QueuedTask.objects.claim(limit=_BATCH, where=where))
     run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
-    sql, fields, convert = _claim_sql(using)
+    sql, fixed, fields, convert = _claim_sql(using)
     params = {
+        **fixed,
         "backend": alias,
         "queue": queue,
         "now": run.now(),
         "limit": _BATCH,
-        "ceiling": max_attempts_of(QueuedTask),
         "period": run.job.period.total_seconds(),
         "cap": MAX_ROW_BACKOFF.total_seconds(),
     }
@@ -108,9 +109,14 @@ def _claim(alias: str, queue: str, where: Q) -> list[Any]:
     return rows
 
 
+#: Stands for the claim's ``now`` while its condition is compiled once (``_claim_sql``).
+_NOW = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 @functools.lru_cache(maxsize=4)
-def _claim_sql(using: str) -> tuple[str, list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
-    """The tasks' claim on PostgreSQL, its fields in column order, and the converter of a row it answers.
+def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
+    """The tasks' claim on PostgreSQL, the values of its fixed parameters, its fields in column order, and the
+    converter of a row it answers. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it.
 
     The locking read takes due rows in claim order (higher priority, then due, then enqueue order) with SKIP
     LOCKED through the claim index; the UPDATE gives each one more attempt, a new version and ``due`` moved by
@@ -123,10 +129,19 @@ def _claim_sql(using: str) -> tuple[str, list[Any], Callable[[tuple[Any, ...]], 
     table = quote(QueuedTask._meta.db_table)
     fields = list(QueuedTask._meta.concrete_fields)
     columns = ", ".join(f"leased.{quote(str(field.column))}" for field in fields)
+    condition, values = state_sql(QueuedTask, "due_now", _NOW, connection)
+    pieces = condition.split("%s")
+    fixed: dict[str, Any] = {}
+    due_now = pieces[0]
+    for index, value in enumerate(values):
+        key = "now" if value == _NOW else f"state{index}"
+        if key != "now":
+            fixed[key] = value
+        due_now += f"%({key})s{pieces[index + 1]}"
     sql = (
         f"WITH picked AS (SELECT id, priority, due FROM {table} "  # noqa: S608  quoted names
-        "WHERE backend = %(backend)s AND queue_name = %(queue)s AND due IS NOT NULL AND due <= %(now)s "
-        "AND attempts < %(ceiling)s ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+        f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} "
+        "ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
         f"leased AS (UPDATE {table} AS task SET "
         "due = %(now)s + LEAST(%(period)s * power(2, task.attempts), %(cap)s) * interval '1 second', "
         "attempts = task.attempts + 1, version = task.version + 1 FROM picked WHERE task.id = picked.id "
@@ -147,7 +162,7 @@ def _claim_sql(using: str) -> tuple[str, list[Any], Callable[[tuple[Any, ...]], 
             converted[index] = value
         return converted
 
-    return sql, fields, convert
+    return sql, fixed, fields, convert
 
 
 def run_task(ctx: Any, backend: Any, row: Any) -> None:
