@@ -34,7 +34,7 @@ from ._channel import CHANNEL
 from ._running import framework_write
 from .conf import settings
 from .jobs import registry
-from .models import Attempt, Job, Lease, Outcome
+from .models import Attempt, Job, KickRequest, Lease, Outcome
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -66,6 +66,7 @@ def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
     active: dict[str, list[str]] = {}
     for row in Lease.objects.filter(lease_active(now), job__in=names).values("job", "holder").order_by("lane"):
         active.setdefault(row["job"], []).append(row["holder"])
+    kicked = waiting_kicks(names)
     states = {}
     for name in names:
         state = dict(rows.get(name) or {**fresh, "name": name})
@@ -73,7 +74,8 @@ def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
         state["active_lanes"] = len(active.get(name, ()))
         state["lanes"] = _lanes_of(name)
         state["holder"] = active[name][0] if name in active else None
-        state["pending"] = state["pending_since"] is not None
+        # A kick no worker has taken yet is pending too.
+        state["pending"] = state["pending_since"] is not None or name in kicked
         states[name] = state
     return states
 
@@ -87,6 +89,11 @@ def active_lanes_annotation(now: datetime) -> Any:
     """A subquery to annotate a ``Job`` queryset with ``active_lanes``: its runs active now (the jobs admin)."""
     active = Lease.objects.filter(lease_active(now), job=OuterRef("name")).order_by()
     return Coalesce(Subquery(active.values("job").annotate(count=Count("pk")).values("count")), 0)
+
+
+def kicked_annotation() -> Any:
+    """An ``Exists`` to annotate a ``Job`` queryset with ``kicked``: a kick row no worker has taken yet."""
+    return Exists(KickRequest.objects.filter(job=OuterRef("name")))
 
 
 def job_names() -> set[str]:
@@ -151,20 +158,148 @@ def _lock_job_row_bounded(connection: Any, name: str) -> bool:
 
 
 # -- kicks ----------------------------------------------------------------------------------------------
+#
+# A kick is a ``KickRequest`` row inserted in the kicking transaction (with, on PostgreSQL, a NOTIFY that the
+# commit delivers and a rollback drops): one more row in the caller's own commit, never an update of a row that
+# other requests update too. A worker *takes* kick rows (deletes them and sets their jobs' ``pending_since`` in
+# one transaction) on each poll and before it serves a NOTIFY; from there on a kick is the worker-side pending
+# flag, as before. A kick nobody heard (no worker listening, or one killed before it took the row) stays a row
+# until a worker's next poll or start-up; one killed after it took the row left the durable flag.
+
+
+def add_kick(name: str, *, using: str) -> None:
+    """Insert a kick of ``name`` in the current transaction of ``using`` (in autocommit: its own commit)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        sql = kick_sql(connection) if connection.in_atomic_block else _autocommit_kick_sql(connection)
+        _prepared.fetchone(connection, sql, {"name": name, "channel": CHANNEL})
+        return
+    table = connection.ops.quote_name(KickRequest._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (job, created) VALUES (%s, %s)",  # noqa: S608  quoted name
+            [name, connection.ops.adapt_datetimefield_value(timezone.now())],
+        )
+
+
+def kick_sql(connection: Any) -> str:
+    """PostgreSQL's kick: the row and the NOTIFY in one statement (bench/kick_latency.py runs it alone).
+
+    Parameters: name, channel. ``kick_cte`` is the same row as a CTE, for a statement that inserts a queue row.
+    """
+    return f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s)"
+
+
+def _autocommit_kick_sql(connection: Any) -> str:
+    """PostgreSQL's kick outside a transaction: nothing written when the job is already kicked or pending.
+
+    Only in autocommit: what the caller wrote committed before this statement, so a kick row already waiting
+    (taken later) or a pending flag (served by a run that starts later) covers it, and the statement commits
+    without a write (no WAL flush). Inside a transaction that is not so: a worker could take the waiting kick
+    and start its run before the caller's commit, so there every kick is a row. Parameters: name, channel.
+    """
+    quote = connection.ops.quote_name
+    kicks, jobs = quote(KickRequest._meta.db_table), quote(Job._meta.db_table)
+    return (
+        f"WITH kick AS (INSERT INTO {kicks} (job, created) SELECT CAST(%(name)s AS text), statement_timestamp() "  # noqa: S608
+        f"WHERE NOT EXISTS (SELECT 1 FROM {kicks} WHERE job = %(name)s) "
+        f"AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE name = %(name)s AND pending_since IS NOT NULL) RETURNING job) "
+        "SELECT count(pg_notify(%(channel)s, kick.job)) FROM kick"
+    )
+
+
+def kick_cte(connection: Any) -> str:
+    """A ``WITH`` item that inserts a kick of ``%(name)s`` (PostgreSQL); the statement adds the NOTIFY."""
+    table = connection.ops.quote_name(KickRequest._meta.db_table)
+    return f"kick AS (INSERT INTO {table} (job, created) VALUES (%(name)s, statement_timestamp()))"  # noqa: S608
+
+
+def take_kicks(names: list[str], *, using: str | None = None) -> list[str]:
+    """Take the kick rows of the named jobs: delete them and set those jobs' pending flags; return the jobs.
+
+    A job's ``pending_since`` becomes its oldest kick's time unless it was pending already. Rows another worker
+    is taking are skipped (PostgreSQL, MariaDB/MySQL), never waited for. The common case, no kick waiting, costs
+    one statement that finds nothing.
+    """
+    if not names:
+        return []
+    connection = connections[using or router.db_for_write(KickRequest)]
+    if connection.vendor == "postgresql":
+        row = _prepared.fetchone(connection, _take_kicks_sql(connection), {"names": list(names)})
+        taken, known = (row[0] or [], row[1] or []) if row else ([], [])
+    else:
+        taken, known = _take_kicks_locked(connection, names)
+    for name in set(taken) - set(known):
+        _create_pending(name, connection.alias)  # a job whose row no worker has made yet
+    return sorted(set(taken))
+
+
+def _take_kicks_sql(connection: Any) -> str:
+    """PostgreSQL's ``take_kicks`` in one statement: the jobs taken, and those of them with a ``Job`` row.
+
+    Its commit does not wait for the WAL flush: lost in a database crash, it comes back as the kick rows it
+    deleted, which are taken again.
+    """
+    quote = connection.ops.quote_name
+    kicks, jobs = quote(KickRequest._meta.db_table), quote(Job._meta.db_table)
+    return (
+        f"WITH taken AS (DELETE FROM {kicks} WHERE id IN (SELECT id FROM {kicks} "  # noqa: S608  quoted names
+        "WHERE job = ANY(%(names)s) FOR UPDATE SKIP LOCKED) RETURNING job, created), "
+        "firsts AS (SELECT job, min(created) AS created FROM taken GROUP BY job), "
+        f"marked AS (UPDATE {jobs} AS job SET pending_since = firsts.created FROM firsts, "
+        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
+        "WHERE job.name = firsts.job AND job.pending_since IS NULL RETURNING job.name) "
+        f"SELECT array_agg(firsts.job), array_agg(firsts.job) FILTER (WHERE EXISTS "
+        f"(SELECT 1 FROM {jobs} WHERE name = firsts.job)) FROM firsts"
+    )
+
+
+def _take_kicks_locked(connection: Any, names: list[str]) -> tuple[list[str], list[str]]:
+    """The other databases' ``take_kicks``: a plain read first (nothing to take, nothing locked), then a
+    transaction that locks the rows (MariaDB/MySQL: skipping those another worker holds; SQLite: the write lock),
+    deletes them and sets the flags."""
+    alias = connection.alias
+    kicks = KickRequest.objects.using(alias).filter(job__in=names)
+    if not kicks.exists():
+        return [], []
+    with framework_write(), transaction.atomic(using=alias):
+        if connection.features.has_select_for_update_skip_locked:
+            kicks = kicks.select_for_update(skip_locked=True)
+        else:
+            # SQLite: take the write lock before reading, as claim does, so the read and delete see one state.
+            with connection.cursor() as cursor:
+                table = connection.ops.quote_name(KickRequest._meta.db_table)
+                cursor.execute(f"UPDATE {table} SET job = job WHERE 1 = 0")  # noqa: S608  quoted name
+        firsts: dict[str, datetime] = {}
+        ids = []
+        for pk, job, created in kicks.values_list("pk", "job", "created"):
+            ids.append(pk)
+            firsts[job] = min(created, firsts.get(job, created))
+        KickRequest.objects.using(alias).filter(pk__in=ids).delete()
+        known = set(Job.objects.using(alias).filter(name__in=list(firsts)).values_list("name", flat=True))
+        for job, created in firsts.items():
+            Job.objects.using(alias).filter(name=job, pending_since__isnull=True).update(pending_since=created)
+    return list(firsts), list(known)
+
+
+def waiting_kicks(names: list[str]) -> set[str]:
+    """Return those of the named jobs with kick rows no worker has taken yet (they are pending too)."""
+    return set(KickRequest.objects.filter(job__in=names).values_list("job", flat=True).distinct())
 
 
 def mark_pending(name: str, *, using: str | None = None) -> bool:
     """Set the job's pending flag unless it is up already; wake listening workers; True if this set it.
 
-    One statement in the common case. The job's row is made only when it is missing (a job no worker or run
-    has seen yet).
+    The worker's own requests (a fire during a run, a run handed over at shutdown), in autocommit; a request's
+    kick is a ``KickRequest`` row instead (``add_kick``). One statement in the common case. The job's row is
+    made only when it is missing (a job no worker or run has seen yet).
     """
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
     if connection.vendor == "postgresql":
         # One row always (an aggregate): (0, ...) when the flag was up already.
         params = {"name": name, "channel": CHANNEL}
-        marked, exists = _prepared.fetchone(connection, kick_sql(connection), params) or (0, True)
+        marked, exists = _prepared.fetchone(connection, _mark_pending_sql(connection), params) or (0, True)
     else:
         table = connection.ops.quote_name(Job._meta.db_table)
         with connection.cursor() as cursor:
@@ -180,11 +315,11 @@ def mark_pending(name: str, *, using: str | None = None) -> bool:
     return bool(marked)
 
 
-def kick_sql(connection: Any) -> str:
-    """PostgreSQL's kick (bench/kick_latency.py runs it alone, as the database's floor).
+def _mark_pending_sql(connection: Any) -> str:
+    """PostgreSQL's ``mark_pending``: the flag and the NOTIFY in one round trip. Parameters: name, channel.
 
-    The CTE's UPDATE and the NOTIFY go in one round trip; the EXISTS reads the row as it was before the
-    UPDATE, which tells "already pending" (nothing to do) from "no row yet". Parameters: name, channel.
+    The EXISTS reads the row as it was before the UPDATE, which tells "already pending" (nothing to do) from
+    "no row yet".
     """
     table = connection.ops.quote_name(Job._meta.db_table)
     return (
@@ -228,6 +363,12 @@ def ask_for_lane(name: str, lanes: int) -> bool:
 
 
 def _is_pending(name: str) -> bool:
+    """Whether the job was kicked: its flag, or a kick row no worker took yet (taken into the flag here).
+
+    Called under the Job row's lock when a run starts or ends, so a kick committed during a run is seen as it
+    ends also where no worker takes kick rows (``fabrika_job run`` from cron).
+    """
+    take_kicks([name])
     return Job.objects.filter(name=name, pending_since__isnull=False).exists()
 
 

@@ -34,34 +34,44 @@ def fetchone(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any
     failed ``EXECUTE`` of a missing statement would abort the transaction.
     """
     with connection.cursor() as cursor:
-        if connection.in_atomic_block or connection.settings_dict["OPTIONS"].get("server_side_binding"):
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-        return _fetchone_prepared(connection, cursor, sql, params)
+        _execute(connection, cursor, sql, params)
+        return cursor.fetchone()
 
 
-def _fetchone_prepared(
-    connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]
-) -> tuple[Any, ...] | None:
+def fetchall(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """As ``fetchone``, answering every row."""
+    with connection.cursor() as cursor:
+        _execute(connection, cursor, sql, params)
+        return cursor.fetchall()
+
+
+def _execute(connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+    if connection.in_atomic_block or connection.settings_dict["OPTIONS"].get("server_side_binding"):
+        cursor.execute(sql, params)
+        return
+    _execute_prepared(connection, cursor, sql, params)
+
+
+def _execute_prepared(connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+    """Run ``sql`` as its prepared statement, leaving its rows in ``cursor``."""
     name, prepare, names = _statement(sql)
     values = [params[key] for key in names] if isinstance(params, Mapping) else list(params)
     execute = f"EXECUTE {name}({', '.join(['%s'] * len(values))})"
     known = _known.setdefault(connection.connection, set())
     if name in known and _try(cursor, execute, values, ok=(_MISSING,)):
-        return cursor.fetchone()
+        return
     # First use in this session, or the session lost it (DISCARD ALL, a pooler's other session): prepare
     # and run in one round trip.
     if _try(cursor, f"{prepare}; {execute}", values, ok=(_DUPLICATE,)):
         cursor.nextset()
         known.add(name)
-        return cursor.fetchone()
+        return
     # Prepared here already, unknown to this process (another client behind a pooler).
     if _try(cursor, execute, values, ok=(_MISSING,)):
         known.add(name)
-        return cursor.fetchone()
+        return
     known.discard(name)
     cursor.execute(sql, params)
-    return cursor.fetchone()
 
 
 def _try(cursor: Any, sql: str, params: Sequence[Any], *, ok: tuple[str, ...]) -> bool:

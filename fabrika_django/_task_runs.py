@@ -12,15 +12,21 @@ expired, a later run claims it again (one more attempt), or gives it up when tha
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ._running import framework_write, outside_run
+from . import _metrics, _prepared
+from ._queuestate import state_sql
+from ._running import active_run, framework_write, outside_run
 from ._tasks_compat import (
     Task,
     TaskContext,
@@ -32,6 +38,7 @@ from ._tasks_compat import (
     task_finished,
     task_started,
 )
+from .backoff import MAX_ROW_BACKOFF
 from .conf import settings
 from .exceptions import VersionConflict
 from .kicks import request_run
@@ -51,13 +58,12 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     twice that); past it, the claimed rest is given back and the job marked pending, so the next run under
     the same lease goes on.
     """
-    from .models import QueuedTask
 
     backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
     minimum = backend.timeout.total_seconds()
     where = Q(backend=alias, queue_name=queue)
     while True:
-        rows = QueuedTask.objects.claim(limit=_BATCH, where=where)
+        rows = _claim(alias, queue, where)
         if not rows:
             return
         for index, row in enumerate(rows):
@@ -68,6 +74,95 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
                     request_run(ctx.job.name)
                 return
             run_task(ctx, backend, row)
+
+
+def _claim(alias: str, queue: str, where: Q) -> list[Any]:
+    """Claim the queue's due tasks: on PostgreSQL one prepared statement in autocommit, elsewhere ``claim()``.
+
+    It does what ``claim()`` does (the same rows, order, backoff, attempts and version; the table remembered for
+    requeue kicks; the claim's metric) in one round trip instead of four (BEGIN, the locking read, the UPDATE,
+    COMMIT) and without compiling a query: a task's start waits for its claim.
+    """
+    from .models import QueuedTask
+
+    run = active_run()
+    using = router.db_for_write(QueuedTask)
+    connection = connections[using]
+    if run is None or connection.vendor != "postgresql":
+        return list(QueuedTask.objects.claim(limit=_BATCH, where=where))
+    run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
+    sql, fixed, fields, convert = _claim_sql(using)
+    params = {
+        **fixed,
+        "backend": alias,
+        "queue": queue,
+        "now": run.now(),
+        "limit": _BATCH,
+        "period": run.job.period.total_seconds(),
+        "cap": MAX_ROW_BACKOFF.total_seconds(),
+    }
+    with framework_write():
+        found = _prepared.fetchall(connection, sql, params)
+    names = [field.attname for field in fields]
+    rows = [QueuedTask.from_db(using, names, convert(values)) for values in found]
+    _metrics.observe_claim(run.job.name, len(rows))
+    return rows
+
+
+#: Stands for the claim's ``now`` while its condition is compiled once (``_claim_sql``).
+_NOW = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=4)
+def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
+    """The tasks' claim on PostgreSQL, the values of its fixed parameters, its fields in column order, and the
+    converter of a row it answers. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it.
+
+    The locking read takes due rows in claim order (higher priority, then due, then enqueue order) with SKIP
+    LOCKED through the claim index; the UPDATE gives each one more attempt, a new version and ``due`` moved by
+    the backoff ``min(period * 2**attempts_before, cap)``, as ``backoff.row_backoff``; the answer keeps claim order.
+    """
+    from .models import QueuedTask
+
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    table = quote(QueuedTask._meta.db_table)
+    fields = list(QueuedTask._meta.concrete_fields)
+    columns = ", ".join(f"leased.{quote(str(field.column))}" for field in fields)
+    condition, values = state_sql(QueuedTask, "due_now", _NOW, connection)
+    pieces = condition.split("%s")
+    fixed: dict[str, Any] = {}
+    due_now = pieces[0]
+    for index, value in enumerate(values):
+        key = "now" if value == _NOW else f"state{index}"
+        if key != "now":
+            fixed[key] = value
+        due_now += f"%({key})s{pieces[index + 1]}"
+    sql = (
+        f"WITH picked AS (SELECT id, priority, due FROM {table} "  # noqa: S608  quoted names
+        f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} "
+        "ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+        f"leased AS (UPDATE {table} AS task SET "
+        "due = %(now)s + LEAST(%(period)s * power(2, task.attempts), %(cap)s) * interval '1 second', "
+        "attempts = task.attempts + 1, version = task.version + 1 FROM picked WHERE task.id = picked.id "
+        f"RETURNING task.*) SELECT {columns} FROM leased JOIN picked ON picked.id = leased.id "
+        "ORDER BY picked.priority DESC, picked.due, picked.id"
+    )
+    converters = []
+    for field in fields:
+        column = field.get_col(QueuedTask._meta.db_table)
+        converters.append(connection.ops.get_db_converters(column) + field.get_db_converters(connection))
+
+    def convert(values: tuple[Any, ...]) -> list[Any]:
+        converted = list(values)
+        for index, (value, field_converters) in enumerate(zip(values, converters, strict=True)):
+            column = fields[index].get_col(QueuedTask._meta.db_table)
+            for converter in field_converters:
+                value = converter(value, column, connection)
+            converted[index] = value
+        return converted
+
+    return sql, fixed, fields, convert
 
 
 def run_task(ctx: Any, backend: Any, row: Any) -> None:

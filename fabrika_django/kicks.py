@@ -1,17 +1,28 @@
 """kick(): ask for a run of a job once the current transaction commits.
 
-A kick is one statement after the commit, in autocommit: it sets the job's ``pending_since`` if it is not
-set yet. On PostgreSQL the same statement sends a NOTIFY on :data:`CHANNEL` (only when it set the flag), so
-a listening worker starts the run at once; elsewhere workers poll the flag. Nothing is written inside the
-request's own transaction, so kicks of a busy job never queue behind each other's row locks there.
+A kick rides in the caller's transaction: one ``KickRequest`` row inserted there (on PostgreSQL in the same
+statement as a ``NOTIFY`` on :data:`CHANNEL`, which the commit delivers and a rollback drops). So an enqueue
+costs its caller one commit, not two, and a rollback kicks nothing.
+
+Why a row of its own, and not the job's pending flag set in the transaction: the flag is one row per job,
+which every request kicking that job would update, and each would hold its lock until its commit, so
+concurrent requests would wait for each other. Kick rows are only ever inserted by requests (no two touch
+the same row) and deleted by workers. Why a row at all, and not the NOTIFY alone: a NOTIFY that no worker
+hears (none listening at that moment, or one killed before it started the run) is gone, and a kick-only job
+has no schedule to recover it; the row stays until a worker takes it (on its next poll, or its start), and a
+worker that took it left the job's durable pending flag. The other way, workers looking for due rows in the
+queue tables that kick-only jobs claim, would miss a kick-only job whose work is not a queue table's row
+(and one that has never run, whose tables nobody knows yet).
+
+Outside a transaction (autocommit) the kick is one statement, its own commit, at once.
 """
 
 from __future__ import annotations
 
 import logging
-from functools import partial
+from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connections, router, transaction
 
 from . import _channel
 from ._running import framework_write
@@ -28,29 +39,82 @@ _recorders: list[list[str]] = []
 def kick(name: str, *, using: str | None = None) -> None:
     """Ask for a run of ``name`` once the current transaction commits (at once outside one).
 
-    A rolled-back transaction kicks nothing; a failing kick never breaks the request that committed.
-    Raises UnknownJob at once for a name no job has.
+    Inside a transaction the kick is a row written in it: a rollback kicks nothing, and a kick that cannot be
+    written fails the transaction like any other write of it. Outside one, a failing kick is logged and never
+    breaks the caller, whose own writes have committed already. Raises UnknownJob at once for a name no job has.
     """
     from .jobs import registry
 
     job = registry.get(name)
-    transaction.on_commit(partial(_deliver, job.name, using), using=using, robust=True)
-
-
-def _deliver(name: str, using: str | None) -> None:
-    for recorder in _recorders:
-        recorder.append(name)
-    try:
+    alias = kick_alias(using)
+    if kicked_in_transaction(job.name, alias):
+        kicked(job.name, alias)  # this transaction's kick row is in already: nothing more to write
+        return
+    if connections[alias].in_atomic_block:
         with framework_write():
-            request_run(name, using=using)
-    except Exception as exc:
-        # The request committed; the schedule recovers a lost kick. Log the class only, never the message.
-        logger.warning("Kick not delivered job=%s error=%s", name, type(exc).__name__)
+            _add(job.name, alias)
+    else:
+        try:
+            with framework_write():
+                _add(job.name, alias)
+        except DatabaseError as exc:
+            # The caller's writes committed; a scheduled job's schedule recovers. The class only, never the message.
+            logger.warning("Kick not delivered job=%s error=%s", job.name, type(exc).__name__)
+            return
+    kicked(job.name, alias)
+
+
+def kick_alias(using: str | None) -> str:
+    """The database a kick is written to: ``using``, else where the router writes kick rows."""
+    from .models import KickRequest  # not at import: the package root imports this module before models load
+
+    return using or router.db_for_write(KickRequest)
+
+
+def kicked_in_transaction(name: str, alias: str) -> bool:
+    """Whether the open transaction of ``alias`` holds a kick of ``name`` already (one row is enough).
+
+    Each kick leaves a marker among the transaction's on-commit callbacks, which Django drops with a
+    savepoint rolled back: a marker found means a kick row that commits with this transaction.
+    """
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        return False
+    # Each entry is (savepoint ids, callback, robust) (django-stubs knows an older two-item form).
+    callbacks: list[Any] = list(connection.run_on_commit)
+    return any(isinstance(entry[1], _Kicked) and entry[1].name == name for entry in callbacks)
+
+
+def kicked(name: str, alias: str) -> None:
+    """Note a kick written in the current transaction of ``alias`` (``add_kick``, or an insert that holds one)."""
+    if connections[alias].in_atomic_block:
+        transaction.on_commit(_Kicked(name), using=alias)
+    else:
+        _Kicked(name)()
+
+
+class _Kicked:
+    """On commit: the kick of ``name`` went out (the test kit's recorders hear of it). Also the marker that
+    ``kicked_in_transaction`` looks for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self) -> None:
+        for recorder in _recorders:
+            recorder.append(self.name)
+
+
+def _add(name: str, alias: str) -> None:
+    # Imported here: this module is imported with the package (``kick``), before the app registry is ready.
+    from . import _jobstate
+
+    _jobstate.add_kick(name, using=alias)
 
 
 def request_run(name: str, *, using: str | None = None) -> None:
-    """Mark the job pending: a worker (or the active run, when it ends) runs it once more."""
-    # Imported here: this module is imported with the package (``kick``), before the app registry is ready.
+    """Mark the job pending at once (the worker's own requests): a worker, or the active run when it ends,
+    runs it once more."""
     from . import _jobstate
 
     marked = _jobstate.mark_pending(name, using=using)

@@ -315,6 +315,28 @@ class Claimer(models.Model):
         return f"{self.job} claims {self.queue}"
 
 
+class KickRequest(models.Model):
+    """A kick not yet taken by a worker: inserted in the kicking transaction, deleted by the worker that takes it.
+
+    Append-only on the request's side: every kick is a row of its own, so concurrent requests never wait for
+    each other's kicks (the job's own row, which a pending flag set in the request would lock until its commit,
+    stays the workers'). A worker deletes the rows and sets the jobs' ``pending_since`` in one transaction.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.CharField(_("job"), max_length=100)
+    created = models.DateTimeField(_("created"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("kick request")
+        verbose_name_plural = _("kick requests")
+        # Workers take the kicks of the jobs they serve; a kick in autocommit looks for one already waiting.
+        indexes = [models.Index(fields=["job"], name="fabrika_kick_job")]
+
+    def __str__(self) -> str:
+        return f"kick {self.job}"
+
+
 class SentMail(models.Model):
     """The idempotency ledger of ``ctx.mail``: one row per key, with a hash of what was sent under it.
 

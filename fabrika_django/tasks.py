@@ -8,6 +8,7 @@ within milliseconds on a listening worker. Each (backend alias, queue) is served
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -19,9 +20,12 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from . import _prepared
+from ._channel import CHANNEL
 from ._task_runs import result_of, serve_queue
 from ._tasks_compat import (
     BaseTaskBackend,
@@ -32,7 +36,7 @@ from ._tasks_compat import (
     task_enqueued,
 )
 from .jobs import MAX_TIMEOUT, cron, task_job_name
-from .kicks import kick
+from .kicks import kick, kicked, kicked_in_transaction
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -77,7 +81,7 @@ class FabrikaBackend(BaseTaskBackend):
 
         self.validate_task(task)
         now = timezone.now()
-        row = QueuedTask.objects.create(
+        row = QueuedTask(
             task_path=task.module_path,
             backend=self.alias,
             queue_name=task.queue_name,
@@ -88,7 +92,7 @@ class FabrikaBackend(BaseTaskBackend):
             due=task.run_after or now,
             enqueued_at=now,
         )
-        kick(task_job_name(self.alias, task.queue_name), using=row._state.db)
+        _insert_and_kick(row, task_job_name(self.alias, task.queue_name))
         result = result_of(row, task)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -131,6 +135,60 @@ class FabrikaBackend(BaseTaskBackend):
             options["lanes"] = self.lanes
         for queue in sorted(self.queues):
             cron(SWEEP_SCHEDULE, name=task_job_name(self.alias, queue), **options)(_handler(self.alias, queue))
+
+
+def _insert_and_kick(row: Any, job: str) -> None:
+    """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
+
+    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``_jobstate.kick_cte``), so an enqueue in
+    autocommit is one round trip and one commit, as an INSERT alone. Elsewhere: the row and the kick in one
+    transaction (no savepoint inside the caller's).
+    """
+    from .models import QueuedTask
+
+    alias = router.db_for_write(QueuedTask, instance=row)
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        with transaction.atomic(using=alias, savepoint=False):
+            row.save(force_insert=True, using=alias)
+            kick(job, using=alias)
+        return
+    with_kick = not kicked_in_transaction(job, alias)
+    sql, fields = _insert_sql(alias, with_kick)
+    params: dict[str, Any] = {
+        f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
+    }
+    params.update(name=job, channel=CHANNEL)
+    answer = _prepared.fetchone(connection, sql, params)
+    assert answer is not None  # an INSERT ... RETURNING of one row
+    row.pk = answer[0]
+    row._state.adding, row._state.db = False, alias
+    kicked(job, alias)
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
+    """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
+
+    With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
+    ``name`` (the job), ``channel``.
+    """
+    from ._jobstate import kick_cte  # imports the models, which this module may not at import
+    from .models import QueuedTask
+
+    connection = connections[alias]
+    fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    values = ", ".join(f"%(v{index})s" for index in range(len(fields)))
+    insert = (
+        f"INSERT INTO {quote(QueuedTask._meta.db_table)} ({columns}) VALUES ({values}) "  # noqa: S608  quoted names
+        f"RETURNING {quote(str(QueuedTask._meta.pk.column))}"
+    )
+    if not with_kick:
+        return insert, fields
+    notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
+    return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
 
 
 def _handler(alias: str, queue: str) -> Any:

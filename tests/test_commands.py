@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db.models import F
 from django.utils import timezone
 
-from fabrika_django import worker
+from fabrika_django import _jobstate, worker
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
 from fabrika_django.schedule import Schedule
@@ -143,6 +143,23 @@ def test_requeue_of_an_id_beyond_the_integer_range_exits_2_in_one_line():
         2,
         "'99999999999999999999' is not an id of reminders.Reminder: give its primary key values.",
     )
+
+
+@pytest.mark.django_db
+def test_requeue_of_a_running_task_exits_2_and_leaves_it_running():
+    from fabrika_django.models import QueuedTask
+    from testproject.lab.tasks import noop
+
+    result = noop.enqueue()
+    task = QueuedTask.objects.get(result_id=result.id)
+    QueuedTask.objects.filter(pk=task.pk).update(status="RUNNING", attempts=1)
+    code, out, error = fabrika_job("requeue", "fabrika_django.QueuedTask", "--id", str(task.pk))
+    assert (code, out) == (2, "")
+    assert error == (
+        f"fabrika_django.QueuedTask {task.pk} is RUNNING: a requeue could run it twice. Wait until it ends "
+        "(a killed worker's task is retried on its own once the job's lease expires); nothing was requeued."
+    )
+    assert QueuedTask.objects.filter(pk=task.pk).values_list("status", "attempts").get() == ("RUNNING", 1)
 
 
 def test_run_of_an_unknown_job_exits_2_naming_the_known_ones():
@@ -318,7 +335,7 @@ def test_kick_marks_the_job_pending_once_committed(django_capture_on_commit_call
         code, out, _ = fabrika_job("kick", "send_reminders")
     assert (code, out) == (0, "Kicked send_reminders: a running worker starts it within seconds.\n")
     assert fabrika_kicks == ["send_reminders"]
-    assert Job.objects.get(name="send_reminders").pending_since is not None
+    assert _jobstate.job_states(["send_reminders"], timezone.now())["send_reminders"]["pending"] is True
 
 
 @pytest.mark.django_db

@@ -1,15 +1,19 @@
-"""kick(): after the commit, one statement, coalesced into one pending flag; NOTIFY on PostgreSQL."""
+"""kick(): a row in the caller's transaction (one commit), taken by workers into the pending flag; NOTIFY on
+PostgreSQL at the commit."""
 
 import logging
 import select
 import threading
+from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
 
 from fabrika_django import UnknownJob, _jobstate, kick, kicks
-from fabrika_django.models import Job
+from fabrika_django.models import Job, KickRequest
+from testproject.lab.models import Mark
 
 from . import processes
 
@@ -17,7 +21,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def pending(name="lab_slow"):
-    return Job.objects.filter(name=name).values_list("pending_since", flat=True).first()
+    """The job is pending: its flag is up, or a kick row waits for a worker to take it."""
+    return _jobstate.job_states([name], timezone.now())[name]["pending"]
+
+
+def kick_rows(name="lab_slow"):
+    return KickRequest.objects.filter(job=name).count()
 
 
 @pytest.fixture
@@ -25,28 +34,90 @@ def lab_slow_row():
     Job.objects.create(name="lab_slow")
 
 
-def test_kick_outside_a_transaction_marks_the_job_pending_at_once(lab_slow_row):
+class Commits:
+    """Counts what a block costs its connection: statements, and commits (each autocommit statement is one)."""
+
+    def __init__(self, using="default"):
+        self.connection = connections[using]
+        self.statements = 0
+        self.commits = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        if sql.strip().upper() == "BEGIN":  # SQLite's opening of an atomic block: neither a write nor a commit
+            return execute(sql, params, many, context)
+        self.statements += 1
+        if not self.connection.in_atomic_block:
+            self.commits += 1
+        return execute(sql, params, many, context)
+
+    @contextmanager
+    def counting(self, monkeypatch):
+        real = self.connection._commit
+
+        def commit():
+            self.commits += 1
+            return real()
+
+        monkeypatch.setattr(self.connection, "_commit", commit)
+        self.connection.ensure_connection()  # MariaDB's session settings on connecting are no part of the block
+        with self.connection.execute_wrapper(self):
+            yield self
+        monkeypatch.undo()
+
+
+def test_kick_outside_a_transaction_is_one_statement_and_pending_at_once(lab_slow_row, monkeypatch):
+    with Commits().counting(monkeypatch) as cost:
+        kick("lab_slow")
+    assert (cost.statements, cost.commits) == (1, 1)
+    assert pending() is True
+    assert kick_rows() == 1
+
+
+def test_a_kick_rides_in_the_callers_commit(lab_slow_row, monkeypatch):
+    with Commits().counting(monkeypatch) as cost, transaction.atomic():
+        Mark.objects.create(job="lab_slow", note="row")
+        kick("lab_slow")
+        kick("lab_slow")  # the same transaction's second kick writes nothing more
+    assert (cost.statements, cost.commits) == (2, 1)
+    assert kick_rows() == 1
+
+
+def test_a_kick_in_autocommit_writes_nothing_while_one_waits_but_one_in_a_transaction_always_writes(lab_slow_row):
     kick("lab_slow")
-    assert pending() is not None
+    kick("lab_slow")  # autocommit: the waiting kick will be taken after this point, which covers this one
+    assert kick_rows() == (1 if connections["default"].vendor == "postgresql" else 2)
+    with transaction.atomic():
+        kick("lab_slow")  # the waiting kick could be taken and its run started before this transaction commits
+    assert kick_rows() == (2 if connections["default"].vendor == "postgresql" else 3)
 
 
-def test_kick_inside_a_transaction_marks_the_job_only_when_it_commits(lab_slow_row):
+def test_kick_inside_a_transaction_is_seen_only_when_it_commits(lab_slow_row):
     seen_inside = []
     with transaction.atomic():
         kick("lab_slow")
-        # Another connection sees nothing yet: the request's transaction wrote nothing for the kick.
+        # Another connection sees nothing yet: the kick's row commits with the request's transaction.
         thread = threading.Thread(target=lambda: (seen_inside.append(pending()), connections.close_all()))
         thread.start()
         thread.join()
-    assert seen_inside == [None]
-    assert pending() is not None
+    assert seen_inside == [False]
+    assert pending() is True
 
 
 def test_a_rolled_back_transaction_kicks_nothing(lab_slow_row):
     with pytest.raises(ZeroDivisionError), transaction.atomic():
         kick("lab_slow")
         raise ZeroDivisionError
-    assert pending() is None
+    assert pending() is False
+    assert kick_rows() == 0
+
+
+def test_a_kick_in_a_savepoint_rolled_back_is_kicked_again_by_a_later_kick(lab_slow_row):
+    with transaction.atomic():
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            kick("lab_slow")
+            raise ZeroDivisionError
+        kick("lab_slow")
+    assert kick_rows() == 1
 
 
 def test_a_kick_of_an_unknown_job_raises_unknown_job_at_once():
@@ -54,31 +125,51 @@ def test_a_kick_of_an_unknown_job_raises_unknown_job_at_once():
         kick("nope")
 
 
-def test_later_kicks_keep_the_first_pending_flag(lab_slow_row):
+def test_taking_kicks_sets_the_flag_to_the_first_kick_and_leaves_no_row(lab_slow_row):
     kick("lab_slow")
-    first = pending()
+    first = KickRequest.objects.get().created
     kick("lab_slow")
-    kick("lab_slow")
-    assert pending() == first
+    assert _jobstate.take_kicks(["lab_slow", "lab_items"]) == ["lab_slow"]
+    assert kick_rows() == 0
+    assert Job.objects.get(name="lab_slow").pending_since == first
+    assert _jobstate.take_kicks(["lab_slow"]) == []  # nothing left: nothing taken
 
 
-def test_a_kick_of_a_job_without_a_row_makes_the_row_pending():
+def test_taking_kicks_leaves_other_jobs_kicks(lab_slow_row):
+    kick("lab_items")
+    assert _jobstate.take_kicks(["lab_slow"]) == []
+    assert kick_rows("lab_items") == 1
+
+
+def test_taking_the_kick_of_a_job_without_a_row_makes_the_row_pending():
     assert not Job.objects.filter(name="lab_slow").exists()
     kick("lab_slow")
-    assert pending() is not None
+    assert _jobstate.take_kicks(["lab_slow"]) == ["lab_slow"]
+    assert Job.objects.get(name="lab_slow").pending_since is not None
 
 
-def test_a_failing_kick_never_breaks_the_committed_request_and_logs_no_message(monkeypatch, caplog, lab_slow_row):
-    def broken(name, *, using=None):
-        raise RuntimeError("someone@example.com")
+def test_a_failing_kick_outside_a_transaction_never_breaks_the_caller_and_logs_no_message(
+    monkeypatch, caplog, lab_slow_row
+):
+    def broken(name, *, using):
+        raise DatabaseError("someone@example.com")
 
-    monkeypatch.setattr(kicks, "request_run", broken)
-    with caplog.at_level(logging.DEBUG), transaction.atomic():
-        Job.objects.create(name="other")
+    monkeypatch.setattr(_jobstate, "add_kick", broken)
+    with caplog.at_level(logging.DEBUG):
         kick("lab_slow")
-    assert Job.objects.filter(name="other").exists()  # committed
-    assert "Kick not delivered job=lab_slow error=RuntimeError" in caplog.text
+    assert "Kick not delivered job=lab_slow error=DatabaseError" in caplog.text
     assert "someone@example.com" not in caplog.text
+
+
+def test_a_failing_kick_inside_a_transaction_fails_it_as_any_write_would(monkeypatch, lab_slow_row):
+    def broken(name, *, using):
+        raise DatabaseError("broken")
+
+    monkeypatch.setattr(_jobstate, "add_kick", broken)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Mark.objects.create(job="lab_slow", note="row")
+        kick("lab_slow")
+    assert not Mark.objects.exists()  # no row without its kick
 
 
 def test_the_test_kit_records_kicks_after_their_commit(fabrika_kicks, lab_slow_row):
@@ -86,14 +177,37 @@ def test_the_test_kit_records_kicks_after_their_commit(fabrika_kicks, lab_slow_r
         kick("lab_slow")
         assert fabrika_kicks == []
     assert fabrika_kicks == ["lab_slow"]
+    kick("lab_slow")
+    assert fabrika_kicks == ["lab_slow", "lab_slow"]
 
 
-def test_a_kick_costs_one_statement_after_the_commit(lab_slow_row, django_assert_num_queries):
-    with django_assert_num_queries(1):
-        kick("lab_slow")
-    if connection.vendor == "postgresql":
-        with django_assert_num_queries(1):
-            kick("lab_slow")  # already pending: still one statement
+@pytest.mark.row_locks  # SQLite has one writer at a time: the second transaction's first write waits anyway
+def test_concurrent_kicks_of_one_job_never_wait_for_each_other(lab_slow_row):
+    """Every thread kicks inside its own open transaction, then waits for all the others to have kicked: a kick
+    that locked a row shared by the job's kicks (its pending flag) would block the second thread until the first
+    committed, which it never does before the barrier."""
+    count = 6
+    barrier = threading.Barrier(count, timeout=20)
+    errors = []
+
+    def request():
+        try:
+            with transaction.atomic():
+                Mark.objects.create(job="lab_slow", note="row")
+                kick("lab_slow")
+                barrier.wait()
+        except Exception as exc:  # noqa: BLE001  reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=request) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert kick_rows() == count
 
 
 def _notifications(listener, timeout):
@@ -105,18 +219,22 @@ def _notifications(listener, timeout):
 
 
 @pytest.mark.listen_notify
-def test_a_kick_notifies_listeners_once_while_the_job_stays_pending(lab_slow_row):
+def test_a_kick_notifies_listeners_at_its_commit_once_per_transaction_and_a_rollback_notifies_nobody(lab_slow_row):
     with psycopg.connect(processes.test_database_url(), autocommit=True) as listener:
         listener.execute(f"LISTEN {kicks.CHANNEL}")
-        for _ in range(3):
+        with transaction.atomic():
+            for _ in range(3):
+                kick("lab_slow")
+            assert _notifications(listener, 0.3) == []  # not before the commit
+        assert _notifications(listener, 2.0) == ["lab_slow"]
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
             kick("lab_slow")
-        assert _notifications(listener, 2.0) == ["lab_slow"]
-        Job.objects.filter(name="lab_slow").update(pending_since=None)  # a run started
-        kick("lab_slow")
-        assert _notifications(listener, 2.0) == ["lab_slow"]
+            raise ZeroDivisionError
+        kick("lab_items")  # a later kick's notification comes after any the rollback could have sent
+        assert _notifications(listener, 2.0) == ["lab_items"]
 
 
 def test_a_kick_that_finds_no_row_marks_the_row_another_session_made_meanwhile():
     Job.objects.create(name="lab_slow")  # made by a worker's sync between the kick's UPDATE and its insert
     _jobstate._create_pending("lab_slow", "default")
-    assert pending() is not None
+    assert pending() is True

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fabrika_django import _jobstate, runner
 from fabrika_django.kicks import request_run
-from fabrika_django.models import Attempt, Job, Lease
+from fabrika_django.models import Attempt, Job, KickRequest, Lease
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 
@@ -143,7 +143,7 @@ def test_a_declared_kick_goes_out_when_the_transaction_commits(fabrika_kicks):
     with temporary_job(target), temporary_job(kicker, kicks=["target"]):
         assert run_job("kicker").ok
     assert fabrika_kicks == ["target"]
-    assert Job.objects.get(name="target").pending_since is not None
+    assert KickRequest.objects.filter(job="target").exists()
 
 
 def test_a_kick_in_a_rolled_back_transaction_goes_nowhere(fabrika_kicks):

@@ -104,7 +104,11 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return (
             super()
             .get_queryset(request)
-            .annotate(active=_jobstate.active_annotation(now), active_lanes=_jobstate.active_lanes_annotation(now))
+            .annotate(
+                active=_jobstate.active_annotation(now),
+                active_lanes=_jobstate.active_lanes_annotation(now),
+                kicked=_jobstate.kicked_annotation(),
+            )
         )
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -193,7 +197,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=_("state"))
     def run_state(self, job: Job) -> str:
         active = bool(getattr(job, "active", False))
-        pending = job.pending_since is not None
+        pending = job.pending_since is not None or bool(getattr(job, "kicked", False))
         words = [str(_("active"))] if active else []
         lanes = registry.get(job.name).lanes if job.name in registry else 1
         if active and lanes > 1:

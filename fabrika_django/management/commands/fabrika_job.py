@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _metrics, _report, _sweep, kicks, runner, worker
+from fabrika_django import _jobstate, _metrics, _report, _sweep, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
@@ -52,6 +52,22 @@ class _Parser(CommandParser):
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
         raise CommandError(f"Error: {message}", returncode=2)
+
+
+def _refuse_running_tasks(queue_model: type[QueueModel], rows: Any) -> None:
+    """A RUNNING task is being run by a worker now (or by one killed, until the job's lease expires and the task is
+    retried): made READY, it would run a second time beside the first."""
+    from fabrika_django.models import QueuedTask, TaskStatus
+
+    if not issubclass(queue_model, QueuedTask):
+        return
+    running = [str(pk) for pk in rows.filter(status=TaskStatus.RUNNING).values_list("pk", flat=True)]
+    if running:
+        raise _usage(
+            f"{queue_model._meta.label} {', '.join(running)} {'is' if len(running) == 1 else 'are'} RUNNING: a "
+            "requeue could run it twice. Wait until it ends (a killed worker's task is retried on its own once the "
+            "job's lease expires); nothing was requeued."
+        )
 
 
 def _usage(message: str) -> CommandError:
@@ -153,6 +169,9 @@ class Command(BaseCommand):
         quiet = options.get("verbosity", 1) < 1
         # SIGTERM (cron's or a supervisor's stop) ends the run as the worker's does; Ctrl-C stays an interrupt.
         with stop_signals(stop.set, signals=(signal.SIGTERM,)), _fabrika_logs_warnings_only(quiet):
+            # Hosts that run jobs from cron have no worker to take kick rows: every run takes them all (into
+            # the jobs' pending flags, which this run and the next ones serve), so they never pile up.
+            _jobstate.take_kicks([registered.name for registered in registry])
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:
@@ -285,6 +304,7 @@ class Command(BaseCommand):
             rows = rows.filter(pk__in=pks)
         if dead:
             rows = rows.dead()
+        _refuse_running_tasks(queue_model, rows)
         requeued, conflicts = 0, []
         for row in rows.iterator(chunk_size=500):
             try:
