@@ -156,7 +156,8 @@ def _fence_of(job, token):
     from fabrika_django._fence import LeaseFence
     from fabrika_django.context import AbortSignal
 
-    return LeaseFence(job, token, AbortSignal(time.monotonic() + 60), time.monotonic() + 60)
+    lease_id = Lease.objects.get(job=job, lane=0).pk
+    return LeaseFence(job, token, AbortSignal(time.monotonic() + 60), time.monotonic() + 60, lease_id)
 
 
 @pytest.mark.postgresql
