@@ -46,9 +46,9 @@ def kick(name: str, *, using: str | None = None) -> None:
     from .jobs import registry
 
     job = registry.get(name)
-    alias = kick_alias(using)
-    if kicked_in_transaction(job.name, alias):
-        kicked(job.name, alias)  # this transaction's kick row is in already: nothing more to write
+    alias = _kick_alias(using)
+    if _kicked_in_transaction(job.name, alias):
+        _note_kick(job.name, alias)  # this transaction's kick row is in already: nothing more to write
         return
     if connections[alias].in_atomic_block:
         with framework_write():
@@ -61,17 +61,17 @@ def kick(name: str, *, using: str | None = None) -> None:
             # The caller's writes committed; a scheduled job's schedule recovers. The class only, never the message.
             logger.warning("Kick not delivered job=%s error=%s", job.name, type(exc).__name__)
             return
-    kicked(job.name, alias)
+    _note_kick(job.name, alias)
 
 
-def kick_alias(using: str | None) -> str:
+def _kick_alias(using: str | None) -> str:
     """The database a kick is written to: ``using``, else where the router writes kick rows."""
     from .models import KickRequest  # not at import: the package root imports this module before models load
 
     return using or router.db_for_write(KickRequest)
 
 
-def kicked_in_transaction(name: str, alias: str) -> bool:
+def _kicked_in_transaction(name: str, alias: str) -> bool:
     """Whether the open transaction of ``alias`` holds a kick of ``name`` already (one row is enough).
 
     Each kick leaves a marker among the transaction's on-commit callbacks, which Django drops with a
@@ -85,7 +85,7 @@ def kicked_in_transaction(name: str, alias: str) -> bool:
     return any(isinstance(entry[1], _Kicked) and entry[1].name == name for entry in callbacks)
 
 
-def kicked(name: str, alias: str) -> None:
+def _note_kick(name: str, alias: str) -> None:
     """Note a kick written in the current transaction of ``alias`` (``add_kick``, or an insert that holds one)."""
     if connections[alias].in_atomic_block:
         transaction.on_commit(_Kicked(name), using=alias)
@@ -95,7 +95,7 @@ def kicked(name: str, alias: str) -> None:
 
 class _Kicked:
     """On commit: the kick of ``name`` went out (the test kit's recorders hear of it). Also the marker that
-    ``kicked_in_transaction`` looks for."""
+    ``_kicked_in_transaction`` looks for."""
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -36,7 +36,7 @@ from ._tasks_compat import (
     task_enqueued,
 )
 from .jobs import MAX_TIMEOUT, cron, task_job_name
-from .kicks import kick, kicked, kicked_in_transaction
+from .kicks import _kicked_in_transaction, _note_kick, kick
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -153,7 +153,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
             row.save(force_insert=True, using=alias)
             kick(job, using=alias)
         return
-    with_kick = not kicked_in_transaction(job, alias)
+    with_kick = not _kicked_in_transaction(job, alias)
     sql, fields = _insert_sql(alias, with_kick)
     params: dict[str, Any] = {
         f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
@@ -163,7 +163,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
     assert answer is not None  # an INSERT ... RETURNING of one row
     row.pk = answer[0]
     row._state.adding, row._state.db = False, alias
-    kicked(job, alias)
+    _note_kick(job, alias)
 
 
 @functools.lru_cache(maxsize=8)
