@@ -162,9 +162,10 @@ def _lock_job_row_bounded(connection: Any, name: str) -> bool:
 # A kick is a ``KickRequest`` row inserted in the kicking transaction (with, on PostgreSQL, a NOTIFY that the
 # commit delivers and a rollback drops): one more row in the caller's own commit, never an update of a row that
 # other requests update too. A worker *takes* kick rows (deletes them and sets their jobs' ``pending_since`` in
-# one transaction) on each poll and before it serves a NOTIFY; from there on a kick is the worker-side pending
-# flag, as before. A kick nobody heard (no worker listening, or one killed before it took the row) stays a row
-# until a worker's next poll or start-up; one killed after it took the row left the durable flag.
+# one transaction) on each poll, and a run's start takes its job's (on PostgreSQL in the start's own statement,
+# so the run a NOTIFY asked for starts in one round trip); from there on a kick is the worker-side pending flag.
+# A kick nobody heard (no worker listening, or one killed before it took the row) stays a row until a worker's
+# next poll or start-up; one killed after it took the row left the durable flag.
 
 
 def add_kick(name: str, *, using: str) -> None:
@@ -471,17 +472,23 @@ def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int =
     only an idle job (no lane holds a token), in lane 0: every other start of a job with lanes decides under
     the Job row's lock.
 
+    It takes the job's kick rows too (``take_kicks``, for this job): a worker that heard a kick's NOTIFY starts
+    its run in this one round trip, without taking the kick first. A run that starts serves them; when none
+    starts (the job is busy), they become the job's pending flag in the same commit, which the busy run sees as
+    it ends. Kick rows are taken only under the Job row's lock (the ``EXISTS`` on ``locked``): a job without a
+    row yet keeps them for the general path.
+
     Its commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction
     only), which saves a flush on the path from a kick to its handler. Losing it in a database crash loses
-    nothing: the kick's pending flag, committed durably before, comes back with the lease free, so the job
-    runs again; and every later durable commit (the handler's first ``ctx.transaction()``, a mail's ledger
-    row) flushes this one first, since the WAL is written in order.
+    nothing: the kick rows it took come back, as does the pending flag, with the lease free, so the job runs
+    again; and every later durable commit (the handler's first ``ctx.transaction()``, a mail's ledger row)
+    flushes this one first, since the WAL is written in order.
     """
     quote = connection.ops.quote_name
     job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
-    attempt_table = quote(Attempt._meta.db_table)
-    # Serving a kick: only while its flag is up (the flag is read again after the row lock is granted).
-    pending = " AND pending_since IS NOT NULL" if require_pending else ""
+    attempt_table, kick_table = quote(Attempt._meta.db_table), quote(KickRequest._meta.db_table)
+    # Serving a kick: only while its flag is up (read again after the row lock is granted) or a kick row waits.
+    pending = " AND (locked.pending_since IS NOT NULL OR EXISTS (SELECT 1 FROM kicks))" if require_pending else ""
     # With lanes, only an idle job: no other lane's run is active or left expired.
     idle = (
         f" AND NOT EXISTS (SELECT 1 FROM {lease_table} AS other WHERE other.job = locked.name "  # noqa: S608
@@ -490,16 +497,23 @@ def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int =
         else ""
     )
     return (
-        f"WITH locked AS (SELECT name FROM {job_table}, "  # noqa: S608  quoted names
+        f"WITH locked AS (SELECT name, pending_since FROM {job_table}, "  # noqa: S608  quoted names
         "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
-        f"WHERE name = %(name)s{pending} FOR UPDATE OF {job_table}), "
+        f"WHERE name = %(name)s FOR UPDATE OF {job_table}), "
+        f"kicks AS (DELETE FROM {kick_table} WHERE id IN (SELECT id FROM {kick_table} WHERE job = %(name)s "
+        "FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT 1 FROM locked) RETURNING created), "
         f"taken AS (UPDATE {lease_table} AS lease SET token = %(token)s, holder = %(holder)s, run_id = %(run_id)s, "
         "attempt = 1, expires = statement_timestamp() + %(seconds)s * interval '1 second' "
-        f"FROM locked WHERE lease.job = locked.name AND lease.lane = 0 AND lease.token IS NULL{idle} "
+        f"FROM locked WHERE lease.job = locked.name AND lease.lane = 0 AND lease.token IS NULL{pending}{idle} "
         "RETURNING lease.job, lease.id), "
         f"started AS (UPDATE {job_table} SET pending_since = NULL, lane_asked = NULL, last_run_id = %(run_id)s, "
         "last_trigger = %(trigger)s, last_started = statement_timestamp() "
         "WHERE name IN (SELECT job FROM taken) RETURNING name), "
+        # Not started: the kicks taken become the flag (exclusive with ``started``: a row is updated once). A
+        # data-modifying WITH item runs whether or not the answer reads it.
+        f"marked AS (UPDATE {job_table} SET pending_since = (SELECT min(created) FROM kicks) "
+        "WHERE name = %(name)s AND pending_since IS NULL AND EXISTS (SELECT 1 FROM kicks) "
+        "AND NOT EXISTS (SELECT 1 FROM taken) RETURNING name), "
         f"recorded AS (INSERT INTO {attempt_table} (job, run_id, trigger, number, lane, holder, started, outcome, "
         "error_class, frames, message) SELECT name, %(run_id)s, %(trigger)s, 1, 0, %(holder)s, "
         "statement_timestamp(), %(outcome)s, '', '', '' FROM started RETURNING id) "
@@ -511,6 +525,7 @@ def _start_under_job_lock(start: Start) -> Started | None:
     """The general start, in the caller's transaction: the Job row's lock, then a lease (any backend)."""
     name, trigger, run_id, attempt = start.job, start.trigger, start.run_id, 1
     _lock_job(name)
+    take_kicks([name])  # kick rows no worker took yet: a run that starts serves them, else they make the flag
     flags: dict[str, Any] = dict(Job.objects.filter(name=name).values("pending_since", "lane_asked").first() or {})
     pending, asked = flags.get("pending_since") is not None, flags.get("lane_asked") is not None
     lanes = _lanes_of(name, start.lanes)

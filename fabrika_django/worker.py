@@ -5,10 +5,10 @@ runs, so a kicked run starts without connecting), and on PostgreSQL a listener t
 (``_listen.Listener``). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
 every poll and after every (re)connection, so nothing a worker missed while away is lost.
 
-- A kick is a row a request inserted (``kicks``); the worker takes it on its poll, and before it serves the
-  NOTIFY that the kick's commit sent, which makes it the job's pending flag; a run that starts clears it. A
-  job with a live run is left alone: that run sees the flag when it ends and runs once more (the runner's
-  ``_end``).
+- A kick is a row a request inserted (``kicks``); the worker takes it on its poll, which makes it the job's
+  pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
+  a run that starts clears the flag. A job with a live run is left alone: that run sees the flag when it ends
+  and runs once more (``_jobstate.end_run``).
 - Lanes (DESIGN §11): a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
   whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
   free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
@@ -163,8 +163,8 @@ class Worker:
                 return
             if self._running[name] >= self.jobs[name].lanes or self._busy >= self.concurrency:
                 return  # the scan that follows the end of a run takes the kick
-            if self._take_kicks():
-                self._dispatch(name, "kick")
+            # The run's start takes the kick rows itself (_jobstate.start_or_join): no round trip before it.
+            self._dispatch(name, "kick")
         elif kind == "done":
             name, failed, holder = message[1], message[2], message[3]
             self._running[name] -= 1
@@ -212,21 +212,6 @@ class Worker:
     def _read_states(self) -> dict[str, dict[str, Any]]:
         _jobstate.take_kicks(self._served)  # kicks no worker heard (or took yet) become pending flags first
         return self._states.read()
-
-    def _take_kicks(self) -> bool:
-        """Before serving a NOTIFY: make the served jobs' kick rows pending flags, which the kick's run serves.
-
-        False when the database failed (the scan after the pause takes them).
-        """
-        try:
-            _jobstate.take_kicks(self._served)
-        except DatabaseError as exc:
-            logger.warning("Could not take kicks error=%s", type(exc).__name__)
-            self._connection_lost()
-            _close_quietly()
-            self._next_scan = time.monotonic() + self._backoff.next()
-            return False
-        return True
 
     def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
         now = self._now()

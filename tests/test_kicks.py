@@ -238,3 +238,51 @@ def test_a_kick_that_finds_no_row_marks_the_row_another_session_made_meanwhile()
     Job.objects.create(name="lab_slow")  # made by a worker's sync between the kick's UPDATE and its insert
     _jobstate._create_pending("lab_slow", "default")
     assert pending() is True
+
+
+def _serve_kick(holder):
+    """A worker's start for a kick it heard (mark_pending=False): the start takes the job's kick rows itself."""
+    start = _jobstate.Start(
+        job="lab_slow", trigger="kick", holder=holder, seconds=30, max_attempt=1, mark_pending=False
+    )
+    return _jobstate.start_or_join(start)
+
+
+def test_the_start_a_kick_asked_for_takes_the_kick_and_runs_for_it(lab_slow_row):
+    from fabrika_django import runner
+
+    runner.sync_jobs(["lab_slow"])
+    kick("lab_slow")  # a row no worker took: the flag is still down
+    assert Job.objects.get(name="lab_slow").pending_since is None
+    lease = _serve_kick("worker-a")
+    assert lease is not None
+    assert kick_rows() == 0 and not pending()
+
+
+def test_a_start_for_a_kick_that_finds_the_job_busy_leaves_the_kick_as_its_flag_for_the_busy_run(lab_slow_row):
+    from fabrika_django import runner
+
+    runner.sync_jobs(["lab_slow"])
+    busy = _serve_kick_after_a_kick("worker-a")
+    kick("lab_slow")  # during the run
+    first = KickRequest.objects.get().created
+    assert _serve_kick("worker-b") is None  # busy: no second run
+    assert kick_rows() == 0
+    assert Job.objects.get(name="lab_slow").pending_since == first  # the kick became the flag, not lost
+    # The busy run sees it as it ends and runs once more.
+    assert _jobstate.end_run(busy, "succeeded", again=True, seconds=30)
+
+
+def test_a_start_for_no_kick_starts_nothing(lab_slow_row):
+    from fabrika_django import runner
+
+    runner.sync_jobs(["lab_slow"])
+    assert _serve_kick("worker-a") is None  # another worker's run served the kick already
+    assert not pending()
+
+
+def _serve_kick_after_a_kick(holder):
+    kick("lab_slow")
+    lease = _serve_kick(holder)
+    assert lease is not None
+    return lease
