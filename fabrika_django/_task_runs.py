@@ -121,6 +121,11 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
     The locking read takes due rows in claim order (higher priority, then due, then enqueue order) with SKIP
     LOCKED through the claim index; the UPDATE gives each one more attempt, a new version and ``due`` moved by
     the backoff ``min(period * 2**attempts_before, cap)``, as ``backoff.row_backoff``; the answer keeps claim order.
+
+    Its commit does not wait for the WAL flush (for its own transaction only): a task's start is a durable commit
+    (``RUNNING``, ``_start``) that follows before the task's function runs, and flushes the claim with it, the WAL
+    being written in order. A claim lost in a database crash before that left no trace the task ran: its rows
+    are due again with the attempt not counted, as if never claimed.
     """
     from .models import QueuedTask
 
@@ -139,9 +144,10 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
             fixed[key] = value
         due_now += f"%({key})s{pieces[index + 1]}"
     sql = (
-        f"WITH picked AS (SELECT id, priority, due FROM {table} "  # noqa: S608  quoted names
+        f"WITH picked AS (SELECT id, priority, due FROM {table}, "  # noqa: S608  quoted names
+        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
         f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} "
-        "ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+        f"ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE OF {table} SKIP LOCKED), "
         f"leased AS (UPDATE {table} AS task SET "
         "due = %(now)s + LEAST(%(period)s * power(2, task.attempts), %(cap)s) * interval '1 second', "
         "attempts = task.attempts + 1, version = task.version + 1 FROM picked WHERE task.id = picked.id "
