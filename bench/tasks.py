@@ -7,14 +7,20 @@
 It drops and recreates its database (``fabrika_bench_tasks`` by default), then measures, each way in turn:
 1. one-at-a-time enqueue rate from a loop with no worker running, each enqueue its own transaction (as from a
    view in autocommit): a fabrika task, a queue-table row + ``kick()`` (in autocommit, so two commits, and in one
-   ``transaction.atomic()``, as a view that records the row with the kick), and a django-tasks-db task; three
-   interleaved rounds, the median counts;
+   ``transaction.atomic()``, as a view that records the row with the kick), and a django-tasks-db task (alone, and
+   in one ``transaction.atomic()``, which the atomic row + ``kick()`` is compared with: both then pay psycopg's
+   BEGIN and the COMMIT); three interleaved rounds, the median counts;
 2. a drain of ``--drain`` no-op tasks with one worker (``fabrika_job worker`` / ``db_worker --batch
    --interval 0``), tasks per second from the rows' own ``started_at`` of the first to ``finished_at`` of the last;
 3. enqueue-to-start latency with an idle worker (fabrika: LISTEN/NOTIFY; django-tasks-db: polling every 0.1 s):
    the task row's ``started_at`` minus the moment just before ``enqueue()`` was called. The bench looks for the
    task's end only 15 ms after the enqueue (then every 5 ms): its own queries would otherwise take a core from the
-   worker it measures on a two-core machine.
+   worker it measures on a two-core machine. The same loop sleeps a random part of a poll interval between
+   enqueues for django-tasks-db (else each enqueue would follow its last poll closely). And the database's own
+   floor, in the same run: plain psycopg, no Django, an enqueue of one prepared statement (the task's row, its
+   kick and the NOTIFY: fabrika's own statement) and a process that only LISTENs and, on hearing it, starts the
+   task with one prepared UPDATE: two statements and a NOTIFY, where a worker also takes a lease and records
+   an attempt (one more statement) before its handler claims the task.
 Targets (issue 14): enqueue >= 0.9x theirs, drain >= 5x theirs, latency p50 <= 3 ms and p99 <= 12 ms.
 """
 
@@ -44,7 +50,10 @@ def main() -> int:
     parser.add_argument("--drain", type=int, default=20_000)
     parser.add_argument("--latency", type=int, default=200, help="tasks per way for the latency")
     parser.add_argument("--only", choices=("enqueue", "drain", "latency"), help="measure one of the three")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "floor-listener":
+        return _floor_listener(args.postgres)
     try:
         import django_tasks_db  # noqa: F401
     except ImportError:
@@ -61,7 +70,8 @@ def main() -> int:
     wanted = {args.only} if args.only else {"enqueue", "drain", "latency"}
     rates = _enqueue_rates(args.enqueues) if "enqueue" in wanted else {}
     drains = {way: _drain(way, args.drain) for way in ("fabrika", "db")} if "drain" in wanted else {}
-    latencies = {way: _latency(way, args.latency) for way in ("fabrika", "db")} if "latency" in wanted else {}
+    ways = ("fabrika", "floor", "db")
+    latencies = {way: _latency(way, args.latency) for way in ways} if "latency" in wanted else {}
     _report(rates, drains, latencies)
     return 0
 
@@ -91,11 +101,17 @@ def _enqueue_rates(count: int) -> dict[str, float]:
             kick("lab_items")
 
     on_db = noop.using(backend="db")
+
+    def their_task_in_one_transaction():
+        with transaction.atomic():
+            on_db.enqueue()
+
     ways = {
         "fabrika task": noop.enqueue,
         "queue row + kick()": lambda: (Item.objects.create(), kick("lab_items")),
         "row + kick(), atomic": row_and_kick_in_one_transaction,
         "django-tasks-db task": on_db.enqueue,
+        "theirs, atomic": their_task_in_one_transaction,
     }
     for call in ways.values():  # warm up connections, prepared statements, imports
         for _ in range(50):
@@ -194,7 +210,11 @@ def _latency(way: str, count: int) -> list[float]:
     from fabrika_django.models import QueuedTask
     from testproject.lab.tasks import noop
 
-    if way == "fabrika":
+    idle = 0.02
+    if way == "floor":
+        worker = _start_floor_listener()
+        task, rows, key = _FloorEnqueue(), QueuedTask.objects, "result_id"
+    elif way == "fabrika":
         worker = _start("fabrika_job", "worker", "--only", "tasks.default.default")
         _wait_for_output(worker, "Worker started")
         task, rows, key = noop, QueuedTask.objects, "result_id"
@@ -202,10 +222,11 @@ def _latency(way: str, count: int) -> list[float]:
         worker = _start("db_worker", "--interval", "0.1", "--no-startup-delay", "--backend", "db")
         _wait_for_output(worker, "Starting worker")
         task, rows, key = noop.using(backend="db"), DBTaskResult.objects, "id"
+        idle = 0.1  # its poll interval: enqueues land at random points of it
     seen = []
     try:
         for n in range(count + 10):
-            time.sleep(random.uniform(0, 0.02))
+            time.sleep(random.uniform(0, idle))
             began = time.time()
             result = task.enqueue()
             time.sleep(0.015)
@@ -224,14 +245,80 @@ def _latency(way: str, count: int) -> list[float]:
     return seen
 
 
+class _FloorEnqueue:
+    """The floor's enqueue: fabrika's own one statement (row, kick, NOTIFY), prepared, from plain psycopg."""
+
+    def __init__(self) -> None:
+        import psycopg
+        from django.db import connection
+
+        from fabrika_django.models import QueuedTask
+        from fabrika_django.tasks import _insert_sql
+
+        sql, fields = _insert_sql("default", True)
+        row = QueuedTask(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")
+        values = {
+            f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection)
+            for index, field in enumerate(fields)
+        }
+        self._result_key = f"v{[field.attname for field in fields].index('result_id')}"
+        self._params = {**values, "name": "floor", "channel": _FLOOR_CHANNEL}
+        self._sql = sql
+        self._conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, prepare_threshold=0)
+
+    def enqueue(self):
+        import uuid
+
+        result_id = uuid.uuid4()
+        self._conn.execute(self._sql, {**self._params, self._result_key: result_id})
+        return type("Result", (), {"id": result_id})
+
+
+_FLOOR_CHANNEL = "fabrika_bench_floor"
+
+
+def _start_floor_listener() -> subprocess.Popen[bytes]:
+    process = _start_python("-m", "bench.tasks", "--child", "floor-listener", "--postgres", os.environ["DATABASE_URL"])
+    _wait_for_output(process, "listening")
+    return process
+
+
+def _floor_listener(url: str) -> int:
+    """The floor's worker: LISTEN; on a NOTIFY, start the oldest ready task in one prepared statement, noting the
+    server's clock as its ``started_at``; then (not measured) mark it done."""
+    import psycopg
+
+    listen = psycopg.connect(url, autocommit=True)
+    listen.execute(f"LISTEN {_FLOOR_CHANNEL}")
+    starter = psycopg.connect(url, autocommit=True, prepare_threshold=0)
+    table = '"fabrika_django_queuedtask"'
+    start = (
+        f"UPDATE {table} SET status = 'RUNNING', started_at = clock_timestamp(), attempts = attempts + 1 "  # noqa: S608
+        f"WHERE id = (SELECT id FROM {table} WHERE backend = 'default' AND queue_name = 'default' "
+        "AND status = 'READY' ORDER BY priority DESC, due, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id"
+    )
+    done = f"UPDATE {table} SET status = 'SUCCESSFUL', finished_at = now() WHERE id = %s"  # noqa: S608
+    sys.stdout.write("listening\n")
+    sys.stdout.flush()
+    for _note in listen.notifies():
+        started = starter.execute(start).fetchone()
+        if started is not None:
+            starter.execute(done, [started[0]])
+    return 0
+
+
 # -- helpers ------------------------------------------------------------------------------------------------
 
 
 def _start(*command: str) -> subprocess.Popen[bytes]:
     """Start ``manage.py COMMAND`` with its output in a file (a full pipe would stall it)."""
+    return _start_python(str(ROOT / "manage.py"), *command)
+
+
+def _start_python(*arguments: str) -> subprocess.Popen[bytes]:
     log = tempfile.NamedTemporaryFile("w+", prefix="fabrika-bench-", suffix=".log", delete=False)  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), *command],
+        [sys.executable, *arguments],
         cwd=ROOT,
         env=dict(os.environ, DEBUG="0", FABRIKA_LOG_LEVEL="INFO"),
         stdout=log,
@@ -271,8 +358,14 @@ def _report(rates: dict[str, float], drains: dict[str, float], latencies: dict[s
     if rates:
         theirs = rates["django-tasks-db task"]
         out("enqueue, one at a time (median of 3 rounds)")
+        atomic = rates["theirs, atomic"]
         for name, rate in rates.items():
+            if name == "theirs, atomic":
+                out(f"  {name:<22} {rate:8.0f} /s")
+                continue
             out(f"  {name:<22} {rate:8.0f} /s   {rate / theirs:5.2f}x django-tasks-db   (target >= 0.90x)")
+        row = rates["row + kick(), atomic"]
+        out(f"  in one atomic() each: row + kick() {row / atomic:5.2f}x their task enqueued in one atomic()")
     if drains:
         out("drain, one worker")
         ratio = drains["fabrika"] / drains["db"]
@@ -281,10 +374,21 @@ def _report(rates: dict[str, float], drains: dict[str, float], latencies: dict[s
     if not latencies:
         return
     out("enqueue-to-start latency, idle worker (ms)")
-    for way, title in (("fabrika", "fabrika (LISTEN)"), ("db", "django-tasks-db (0.1 s poll)")):
-        values = latencies[way]
-        p50, p95, p99 = (_percentile(values, f) * 1000 for f in (0.5, 0.95, 0.99))
+    titles = (
+        ("fabrika", "fabrika (LISTEN)"),
+        ("floor", "PostgreSQL alone (floor)"),
+        ("db", "django-tasks-db (0.1 s poll)"),
+    )
+    figures = {}
+    for way, title in titles:
+        figures[way] = [_percentile(latencies[way], f) * 1000 for f in (0.5, 0.95, 0.99)]
+        p50, p95, p99 = figures[way]
         out(f"  {title:<28} p50 {p50:6.1f}  p95 {p95:6.1f}  p99 {p99:6.1f}   (fabrika target p50 <= 3, p99 <= 12)")
+    ratios = "  ".join(
+        f"{name} {f / o:.0%}"
+        for name, f, o in zip(("p50", "p95", "p99"), figures["floor"], figures["fabrika"], strict=True)
+    )
+    out(f"  floor / fabrika: {ratios}")
 
 
 if __name__ == "__main__":
