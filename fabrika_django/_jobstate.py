@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from . import _digest, _prepared
 from ._channel import CHANNEL
-from ._running import framework_write
+from ._running import CLAIMS_AT_START, framework_write
 from .conf import settings
 from .jobs import registry
 from .models import Attempt, Job, KickRequest, Lease, Outcome
@@ -391,6 +391,9 @@ class Start:
     mark_pending: bool = True
     #: The job's lanes: how many runs of it may be active at once.
     lanes: int = 1
+    #: The run's clock at its start: the ``now`` of a first claim made in the start's statement
+    #: (``_running.CLAIMS_AT_START``).
+    now: datetime | None = None
     token: uuid.UUID = field(default_factory=uuid.uuid4)
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
@@ -424,6 +427,9 @@ class Started:
     lease_id: int = 0
     #: The job's lanes when the run started.
     lanes: int = 1
+    #: (database alias, rows) of the first claim made in the start's own statement
+    #: (``_running.CLAIMS_AT_START``), else None.
+    claimed: tuple[str, list[tuple[Any, ...]]] | None = None
 
 
 def start_or_join(start: Start) -> Started | None:
@@ -456,16 +462,28 @@ def _start_on_free_lease(start: Start) -> Started | None:
     connection = default_connection
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return None
-    sql = free_lease_start_sql(connection, require_pending=not start.mark_pending, lanes=start.lanes)
-    row = _prepared.fetchone(connection, sql, start.params())
-    if row is None:
+    params = start.params()
+    claim = CLAIMS_AT_START.get(start.job)
+    pieces = None
+    if claim is not None:
+        ctes, tail, claim_params = claim(connection, start.now or timezone.now(), registry.get(start.job))
+        pieces, params = (ctes, tail), {**params, **claim_params}
+    sql = free_lease_start_sql(connection, require_pending=not start.mark_pending, lanes=start.lanes, claim=pieces)
+    rows = _prepared.fetchall(connection, sql, params)
+    if not rows:
         return None
-    return Started(
+    row = rows[0]
+    started = Started(
         start.job, start.token, start.run_id, start.trigger, 1, start.holder, int(row[0]), 0, int(row[1]), start.lanes
     )
+    if pieces is not None:
+        started.claimed = (connection.alias, [found[2:] for found in rows if found[2] is not None])
+    return started
 
 
-def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int = 1) -> str:
+def free_lease_start_sql(
+    connection: Any, *, require_pending: bool, lanes: int = 1, claim: tuple[str, str] | None = None
+) -> str:
     """The statement of ``_start_on_free_lease`` (bench/kick_latency.py runs it alone, as the database's floor).
 
     Parameters by name: ``Start.params()``. It answers the Attempt row's id and the Lease row's id. It starts
@@ -483,6 +501,9 @@ def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int =
     nothing: the kick rows it took come back, as does the pending flag, with the lease free, so the job runs
     again; and every later durable commit (the handler's first ``ctx.transaction()``, a mail's ledger row)
     flushes this one first, since the WAL is written in order.
+
+    ``claim``: a first claim's WITH items and answer (``_running.CLAIMS_AT_START``); the statement then answers
+    one row per row claimed (one with nulls when none was), each with the Attempt and Lease ids first.
     """
     quote = connection.ops.quote_name
     job_table, lease_table = quote(Job._meta.db_table), quote(Lease._meta.db_table)
@@ -516,8 +537,12 @@ def free_lease_start_sql(connection: Any, *, require_pending: bool, lanes: int =
         "AND NOT EXISTS (SELECT 1 FROM taken) RETURNING name), "
         f"recorded AS (INSERT INTO {attempt_table} (job, run_id, trigger, number, lane, holder, started, outcome, "
         "error_class, frames, message) SELECT name, %(run_id)s, %(trigger)s, 1, 0, %(holder)s, "
-        "statement_timestamp(), %(outcome)s, '', '', '' FROM started RETURNING id) "
-        "SELECT recorded.id, taken.id FROM recorded, taken"
+        "statement_timestamp(), %(outcome)s, '', '', '' FROM started RETURNING id)"
+        + (
+            f", {claim[0]} SELECT recorded.id, taken.id, {claim[1]}"
+            if claim
+            else " SELECT recorded.id, taken.id FROM recorded, taken"
+        )
     )
 
 

@@ -62,8 +62,10 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
     minimum = backend.timeout.total_seconds()
     where = Q(backend=alias, queue_name=queue)
+    first = _claimed_at_start(ctx)
     while True:
-        rows = _claim(alias, queue, where)
+        rows = first if first is not None else _claim(alias, queue, where)
+        first = None
         if not rows:
             return
         for index, row in enumerate(rows):
@@ -90,23 +92,62 @@ def _claim(alias: str, queue: str, where: Q) -> list[Any]:
     connection = connections[using]
     if run is None or connection.vendor != "postgresql":
         return list(QueuedTask.objects.claim(limit=_BATCH, where=where))
-    run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
-    sql, fixed, fields, convert = _claim_sql(using)
-    params = {
-        **fixed,
+    sql, fixed, _fields, _convert = _claim_sql(using)
+    with framework_write():
+        found = _prepared.fetchall(connection, sql, {**fixed, **_claim_params(alias, queue, run.now(), run.job)})
+    return _claimed_rows(run, using, found)
+
+
+def _claim_params(alias: str, queue: str, now: datetime, job: Any) -> dict[str, Any]:
+    """The claim's parameters that change: the queue, the run's ``now``, the batch and the backoff's terms."""
+    return {
         "backend": alias,
         "queue": queue,
-        "now": run.now(),
+        "now": now,
         "limit": _BATCH,
-        "period": run.job.period.total_seconds(),
+        "period": job.period.total_seconds(),
         "cap": MAX_ROW_BACKOFF.total_seconds(),
     }
-    with framework_write():
-        found = _prepared.fetchall(connection, sql, params)
+
+
+def _claimed_rows(run: Any, using: str, found: list[tuple[Any, ...]]) -> list[Any]:
+    """The claimed rows as ``QueuedTask`` instances; the table remembered for requeue kicks; the claim's metric."""
+    from .models import QueuedTask
+
+    run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
+    fields, convert = _claim_fields(using)
     names = [field.attname for field in fields]
     rows = [QueuedTask.from_db(using, names, convert(values)) for values in found]
     _metrics.observe_claim(run.job.name, len(rows))
     return rows
+
+
+def _claimed_at_start(ctx: Any) -> list[Any] | None:
+    """The first batch, when the run's start claimed it in its own statement (``claim_at_start``); else None."""
+    found = getattr(ctx, "_claimed_at_start", None)
+    run = active_run()
+    if found is None or run is None:
+        return None
+    ctx._claimed_at_start = None  # the first attempt's only: a retry claims afresh
+    return _claimed_rows(run, found[0], found[1])
+
+
+def claim_at_start(alias: str, queue: str) -> Callable[[Any, datetime, Any], tuple[str, str, dict[str, Any]]]:
+    """The first claim of a kicked run of the queue's job, to ride in its start's statement on PostgreSQL
+    (``_jobstate.Start.claim``): one statement from a kick's NOTIFY to the task's rows, where there were two.
+
+    The answer, for the connection, the run's ``now`` and the job: the claim's WITH items, gated on the start
+    having taken the lease (``taken``: a start that finds the job busy claims nothing), the tail of its answer
+    (columns, joins and order) and its parameters.
+    """
+
+    def claim(connection: Any, now: datetime, job: Any) -> tuple[str, str, dict[str, Any]]:
+        ctes, columns, order, fixed = _claim_pieces(connection.alias, gate="AND EXISTS (SELECT 1 FROM taken) ")
+        joins = "FROM recorded, taken LEFT JOIN (leased JOIN picked ON picked.id = leased.id) ON true"
+        tail = f"{columns} {joins} ORDER BY {order}"
+        return ctes, tail, {**fixed, **_claim_params(alias, queue, now, job)}
+
+    return claim
 
 
 #: Stands for the claim's ``now`` while its condition is compiled once (``_claim_sql``).
@@ -115,8 +156,18 @@ _NOW = datetime(2000, 1, 1, tzinfo=UTC)
 
 @functools.lru_cache(maxsize=4)
 def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
-    """The tasks' claim on PostgreSQL, the values of its fixed parameters, its fields in column order, and the
-    converter of a row it answers. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it.
+    """The claim as a statement of its own: ``_claim_pieces`` put together (see there)."""
+    ctes, columns, order, fixed = _claim_pieces(using)
+    fields, convert = _claim_fields(using)
+    sql = f"WITH {ctes} SELECT {columns} FROM leased JOIN picked ON picked.id = leased.id ORDER BY {order}"  # noqa: S608
+    return sql, fixed, fields, convert
+
+
+@functools.lru_cache(maxsize=8)
+def _claim_pieces(using: str, gate: str = "") -> tuple[str, str, str, dict[str, Any]]:
+    """The tasks' claim on PostgreSQL: its WITH items, its answer's columns, its order, and the values of its fixed
+    parameters. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it. ``gate``: a condition
+    added to the locking read (``claim_at_start``'s).
 
     The locking read takes due rows in claim order (higher priority, then due, then enqueue order) with SKIP
     LOCKED through the claim index; the UPDATE gives each one more attempt, a new version and ``due`` moved by
@@ -132,8 +183,7 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
     connection = connections[using]
     quote = connection.ops.quote_name
     table = quote(QueuedTask._meta.db_table)
-    fields = list(QueuedTask._meta.concrete_fields)
-    columns = ", ".join(f"leased.{quote(str(field.column))}" for field in fields)
+    columns = ", ".join(f"leased.{quote(str(field.column))}" for field in QueuedTask._meta.concrete_fields)
     condition, values = state_sql(QueuedTask, "due_now", _NOW, connection)
     pieces = condition.split("%s")
     fixed: dict[str, Any] = {}
@@ -143,17 +193,26 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
         if key != "now":
             fixed[key] = value
         due_now += f"%({key})s{pieces[index + 1]}"
-    sql = (
-        f"WITH picked AS (SELECT id, priority, due FROM {table}, "  # noqa: S608  quoted names
+    ctes = (
+        f"picked AS (SELECT id, priority, due FROM {table}, "  # noqa: S608  quoted names
         "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
-        f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} "
+        f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} {gate}"
         f"ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE OF {table} SKIP LOCKED), "
         f"leased AS (UPDATE {table} AS task SET "
         "due = %(now)s + LEAST(%(period)s * power(2, task.attempts), %(cap)s) * interval '1 second', "
         "attempts = task.attempts + 1, version = task.version + 1 FROM picked WHERE task.id = picked.id "
-        f"RETURNING task.*) SELECT {columns} FROM leased JOIN picked ON picked.id = leased.id "
-        "ORDER BY picked.priority DESC, picked.due, picked.id"
+        "RETURNING task.*)"
     )
+    return ctes, columns, "picked.priority DESC, picked.due, picked.id", fixed
+
+
+@functools.lru_cache(maxsize=4)
+def _claim_fields(using: str) -> tuple[list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
+    """The claim's answer: its fields in column order, and the converter of a row it answers."""
+    from .models import QueuedTask
+
+    connection = connections[using]
+    fields = list(QueuedTask._meta.concrete_fields)
     converters = []
     for field in fields:
         column = field.get_col(QueuedTask._meta.db_table)
@@ -168,7 +227,7 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
             converted[index] = value
         return converted
 
-    return sql, fixed, fields, convert
+    return fields, convert
 
 
 def run_task(ctx: Any, backend: Any, row: Any) -> None:

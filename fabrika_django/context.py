@@ -122,6 +122,8 @@ class JobContext:
         self._clock = clock
         #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
         self._pool_connections: list[Any] = []
+        #: (alias, rows) a queue job's first claim answered in the run's start (``_running.CLAIMS_AT_START``), or None.
+        self._claimed_at_start: Any = None
         self.log = _JobLogAdapter(logger, {"job": job.name, "run": str(run_id), "attempt": attempt})
 
     def __repr__(self) -> str:

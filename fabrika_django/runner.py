@@ -116,6 +116,7 @@ def run(
         max_attempt=1 + job.retries,
         mark_pending=mark_pending,
         lanes=job.lanes,
+        now=(clock or timezone.now)(),
     )
     sent = time.monotonic()
     lease = _jobstate.start_or_join(start)
@@ -234,6 +235,8 @@ def _attempt(
         lane=lease.lane,
         demand=held.demand,
     )
+    # The first batch, when the start claimed it (the run's first attempt only).
+    ctx._claimed_at_start, lease.claimed = lease.claimed, None
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout

@@ -26,7 +26,8 @@ from django.utils.module_loading import import_string
 
 from . import _prepared
 from ._channel import CHANNEL
-from ._task_runs import result_of, serve_queue
+from ._running import CLAIMS_AT_START
+from ._task_runs import claim_at_start, result_of, serve_queue
 from ._tasks_compat import (
     BaseTaskBackend,
     Task,
@@ -134,7 +135,9 @@ class FabrikaBackend(BaseTaskBackend):
         if "lanes" in inspect.signature(cron).parameters:  # lanes arrive with issue 11
             options["lanes"] = self.lanes
         for queue in sorted(self.queues):
-            cron(SWEEP_SCHEDULE, name=task_job_name(self.alias, queue), **options)(_handler(self.alias, queue))
+            name = task_job_name(self.alias, queue)
+            cron(SWEEP_SCHEDULE, name=name, **options)(_handler(self.alias, queue))
+            CLAIMS_AT_START[name] = claim_at_start(self.alias, queue)  # a kicked run's first claim, in its start
 
 
 def _insert_and_kick(row: Any, job: str) -> None:
