@@ -15,12 +15,14 @@ from .exceptions import LeaseLost
 class LeaseFence:
     """Checks, at a transaction's begin and before its commit, that the lease is still the attempt's.
 
-    At begin it locks the lease row against takeover inside the transaction: PostgreSQL ``FOR KEY SHARE``
-    (a takeover changes the unique ``token`` and so needs ``FOR UPDATE``, which waits; a renewal changes
-    only ``expires`` and does not), MariaDB/MySQL a shared lock on the token's unique index entry (the same
-    split), SQLite the database write lock, other backends ``FOR UPDATE``. Before
-    commit it checks locally, without a round trip: the signal (deadline, lost lease, shutdown) and the
-    time the last renewal is known to cover.
+    At begin it holds the lease against a change of its token for the rest of the transaction, then checks
+    the token. PostgreSQL: a shared advisory lock named after the Lease row (``_jobstate.fence_lock_sql``),
+    which every path that changes or clears a token takes exclusively, in its own transaction, before its
+    UPDATE (``_jobstate.lock_fences``); a renewal changes only ``expires`` and takes nothing, so it never waits.
+    MariaDB/MySQL: a shared lock on the token's unique index entry (a token change must lock that entry, a
+    renewal does not). SQLite: the database write lock. Other backends: ``FOR UPDATE``. Before commit it checks
+    locally, without a round trip: the signal (deadline, lost lease, shutdown) and the time the last renewal
+    is known to cover.
     """
 
     def __init__(self, job_name: str, token: uuid.UUID, signal: AbortSignal, valid_until: float, lease_id: int) -> None:
@@ -72,7 +74,10 @@ class LeaseFence:
             )
 
     def _statement(self, connection: Any) -> tuple[str, list[Any]]:
-        """Return the lock statement (``_jobstate.hold_lease_sql``) and its parameters: the lease row's id, token."""
+        """Return the fence's statement (``_jobstate.hold_lease_sql``) and its parameters: the lease row's id, token.
+
+        On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).
+        """
         from . import _jobstate
         from .models import Lease
 
@@ -80,30 +85,59 @@ class LeaseFence:
         return _jobstate.hold_lease_sql(connection), [self.lease_id, token]
 
     def _begin_with(self, connection: Any, cursor: Any) -> bool:
-        """Run the lock in the same round trip as the transaction's BEGIN (PostgreSQL); True if it found the row.
+        """PostgreSQL: take the fence's lock and check the token, in the round trip of the BEGIN; True if held.
+
+        Two statements, in this order: ``SELECT pg_advisory_xact_lock_shared(...)``, then the token check. The
+        check must be a statement of its own: at READ COMMITTED each statement reads a snapshot taken when it
+        starts, so a check in the lock's own statement would read the snapshot from before a wait for the lock,
+        and could find the old token of a takeover that committed during that wait. As the next statement it
+        sees every token change whose writer held the lock exclusively before us (``_jobstate.lock_fences``).
+        At REPEATABLE READ or SERIALIZABLE the transaction's one snapshot is taken by the lock's statement, so
+        there the check also locks the row (``FOR KEY SHARE``, ``hold_lease_locked_sql``): a token changed
+        after that snapshot makes it fail with a serialization error instead of passing (the check answers
+        the level it ran at, a server default included).
 
         psycopg sends a transaction's BEGIN on its own and waits for it before the first statement, so the
-        fence would cost two round trips per transaction. Here ``BEGIN; SELECT …`` goes as one simple query
-        through psycopg's documented low-level connection (``pgconn``); psycopg then finds the transaction open
-        and sends no BEGIN of its own. Inside a transaction already (a TestCase) the lock is an ordinary
-        statement. The query is built once per connection (binding it cost as much Python as the rest of a
-        finishing transaction).
+        fence would cost two round trips per transaction. Here ``BEGIN; SELECT …; SELECT …`` goes as one simple
+        query through psycopg's documented low-level connection (``pgconn``), which answers the last
+        statement's rows (or the first error); psycopg then finds the transaction open and sends no BEGIN of
+        its own. Inside a transaction already (a TestCase) the statements are ordinary ones. The query is
+        built once per connection (binding it cost as much Python as the rest of a finishing transaction).
         """
         import psycopg  # the postgres extra's: not installed for SQLite-only projects
 
+        from . import _jobstate
+
         raw = connection.connection
         if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            cursor.execute(_jobstate.fence_lock_sql(), [self.lease_id])
             cursor.execute(*self._statement(connection))
-            return cursor.fetchone() is not None
+            found = cursor.fetchone()
+            return found is not None and self._checked_at(connection, cursor, found[0])
         built = self._begin_queries.get(id(raw))
         if built is None or built[0] is not raw:
-            query = f"{_begin(raw)}; " + psycopg.ClientCursor(raw).mogrify(*self._statement(connection))
+            mogrify = psycopg.ClientCursor(raw).mogrify
+            lock = mogrify(_jobstate.fence_lock_sql(), [self.lease_id])
+            query = "; ".join((_begin(raw), lock, mogrify(*self._statement(connection))))
             built = self._begin_queries[id(raw)] = (raw, query.encode(raw.info.encoding))
         with connection.wrap_database_errors:  # raised as Django's errors, as from a cursor
             result = raw.pgconn.exec_(built[1])
             if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
                 raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-        return result.ntuples == 1
+        if result.ntuples != 1:
+            return False
+        level = result.get_value(0, 0)
+        return self._checked_at(connection, cursor, level.decode() if level is not None else "")
+
+    def _checked_at(self, connection: Any, cursor: Any, level: str) -> bool:
+        """True if the token check, run at isolation ``level``, answers for the rest of the transaction."""
+        if level == "read committed":
+            return True
+        from . import _jobstate
+
+        _sql, params = self._statement(connection)
+        cursor.execute(_jobstate.hold_lease_locked_sql(connection), params)
+        return cursor.fetchone() is not None
 
 
 def _begin(raw: Any) -> str:

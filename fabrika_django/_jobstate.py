@@ -569,7 +569,9 @@ def _start_under_job_lock(start: Start) -> Started | None:
         run_id, attempt = previous["run_id"], previous["attempt"] + 1
         trigger = Job.objects.filter(name=name).values_list("last_trigger", flat=True).first() or trigger
     if held:
-        _end_frozen_fences(previous["id"])  # else the takeover below waits for a frozen holder's fenced transaction
+        # A frozen holder's fenced transactions end first, else the fence's lock below would wait for them.
+        _end_frozen_fences(previous["id"])
+        lock_fences(Lease.objects.filter(pk=previous["id"]))
     taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), id=previous["id"]).update(
         token=start.token, holder=start.holder, run_id=run_id, attempt=attempt, expires=_expires(start.seconds)
     )
@@ -632,20 +634,29 @@ def _expires(seconds: float) -> Any:
     return Now() + Value(timedelta(seconds=seconds))
 
 
-# -- a holder frozen inside a fenced transaction ---------------------------------------------------------
+# -- the fence's lock, and a holder frozen inside a fenced transaction --------------------------------------
 #
-# The fence locks the lease row (FOR KEY SHARE) for the whole of a fenced transaction, so a takeover, which
-# changes the row's unique token, waits for that transaction to end: a stale attempt never commits after its
-# replacement started. A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends it, and the
-# takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease).
+# PostgreSQL fences each ``ctx.transaction()`` with a shared advisory lock named after its lease, (FENCE_LOCK_CLASS,
+# the Lease row's id): one per (job, lane), so one lane's changes never wait for another lane's transactions.
+# The fence takes it in the transaction's first statement and checks the token in the next (``_fence``). Every
+# path that changes or clears a token that a fenced transaction could still hold (a takeover, ``rotate``,
+# ``end_run``, ``release``, ``release_all``) first takes the same lock exclusively in its own transaction
+# (``lock_fences``), before its UPDATE, and keeps it until its commit. So a token change waits for every open
+# fenced transaction of the old token (a stale attempt never commits after its replacement started), and a
+# fenced transaction that asks for the lock meanwhile waits for the change's commit, after which its check
+# finds the new token and refuses. A renewal changes only ``expires``, takes nothing and never waits. The free
+# lease's one-statement start (``free_lease_start_sql``) sets a token over a null one, and no fenced
+# transaction holds a null token (the path that cleared it waited for them all, and any later check finds
+# null), so it takes nothing either. The lock replaced a ``FOR KEY SHARE`` row lock, which wrote the lease
+# row's xmax (a dirtied page, WAL) in every fenced transaction: about a quarter millisecond of the server's.
 #
-# So on PostgreSQL each fenced transaction also takes a shared advisory lock named after its lease, in the same
-# statement as the row lock: it names the sessions that hold the job's fence, which a row lock does not (row
-# locks show in pg_locks only while someone waits for them). A takeover of an *expired* lease ends those
-# sessions (pg_terminate_backend) before it takes the row: their transactions roll back, which the fence would
-# have done at their commit anyway, since an attempt whose lease expired may not commit. A live holder keeps
-# renewing, so its lease never expires and its transactions are never touched. The key is (FENCE_LOCK_CLASS,
-# the Lease row's id): one per (job, lane), so a takeover of one lane never ends another lane's transactions.
+# A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends its fenced transaction, and the
+# takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease). The
+# shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an *expired* lease ends
+# those sessions (pg_terminate_backend) before it asks for the exclusive lock: their transactions roll back,
+# which the fence would have done at their commit anyway, since an attempt whose lease expired may not commit;
+# the exclusive lock then waits only for those sessions to exit. A live holder keeps renewing, so its lease
+# never expires and its transactions are never touched.
 
 #: The fence's advisory lock's first key: "fabr" in ASCII, apart from an application's own keys.
 FENCE_LOCK_CLASS = 0x66616272
@@ -656,10 +667,36 @@ def _fence_mark_sql(id_column: str) -> str:
     return f"pg_advisory_xact_lock_shared({FENCE_LOCK_CLASS}, {id_column})"
 
 
+def fence_lock_sql() -> str:
+    """The fence's shared lock (PostgreSQL), the first statement of a fenced transaction. Parameter: the Lease id."""
+    return f"SELECT {_fence_mark_sql('%s')}"
+
+
+def lock_fences(leases: Any) -> list[int] | None:
+    """Wait for the open fenced transactions of ``leases`` (a Lease queryset), and hold off new ones, until this
+    transaction ends; answer the ids it locked (None elsewhere than PostgreSQL: nothing to do there).
+
+    The fence's lock, taken exclusively, lease by lease in the order of their ids, in the transaction that
+    then changes or clears their tokens (on the other databases the token UPDATE's own lock does it). Only the
+    rows the queryset finds now: a stale attempt's ``end_run`` whose token is gone locks nothing, so it never
+    waits for its replacement's transactions.
+    """
+    connection = default_connection
+    if connection.vendor != "postgresql":
+        return None
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_fences() holds its locks until the transaction ends: call it inside one.")
+    sql, params = leases.order_by("id").values("id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        lock = f"SELECT held.id, pg_advisory_xact_lock({FENCE_LOCK_CLASS}, held.id) FROM ({sql}) AS held"  # noqa: S608
+        cursor.execute(lock, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
 def _end_frozen_fences(lease_id: int) -> int:
     """End the sessions holding fenced transactions under the lease ``lease_id`` if it expired; return how many.
 
-    Runs in the takeover's transaction (under the Job row's lock), just before it takes the lease row.
+    Runs in the takeover's transaction (under the Job row's lock), before ``lock_fences`` and its UPDATE.
     """
     connection = default_connection
     if connection.vendor != "postgresql":
@@ -689,7 +726,8 @@ def _end_frozen_fences(lease_id: int) -> int:
 def rotate(lease: Started, number: int, seconds: float) -> bool:
     """Give attempt ``number`` a token of its own and its Attempt row, so a stale earlier one is fenced off."""
     token = uuid.uuid4()
-    with framework_write():
+    with framework_write(), transaction.atomic():
+        lock_fences(_mine(lease))  # a fenced transaction of the earlier attempt may still be open
         moved = _mine(lease).update(token=token, attempt=number, expires=_expires(seconds))
         if not moved:
             return False
@@ -765,6 +803,7 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
     with framework_write(), transaction.atomic():
         _lock_job(lease.job)
         mine = _mine(lease)
+        lock_fences(mine)  # both ends below change the token
         # A stale attempt (its lease taken over, maybe by the same run resumed elsewhere) does not speak for the
         # job any more: only the lease's holder writes the summary (with one lane, only the job's latest run).
         latest = {"last_run_id": lease.run_id} if lease.lanes == 1 else {}
@@ -802,7 +841,10 @@ def mark_crashed(name: str, run_ids: list[uuid.UUID]) -> None:
 def release(name: str, holder: str) -> bool:
     """Free the job's lease if ``holder`` holds it, marking its running attempt crashed; True if it did."""
     held = Lease.objects.filter(job=name, holder=holder, token__isnull=False)
-    with framework_write():
+    with framework_write(), transaction.atomic():
+        locked = lock_fences(held)
+        if locked is not None:
+            held = held.filter(pk__in=locked)
         run_ids = [run for run in held.values_list("run_id", flat=True) if run is not None]
         freed = held.update(**_FREE)
         mark_crashed(name, run_ids)
@@ -811,8 +853,11 @@ def release(name: str, holder: str) -> bool:
 
 def release_all(holder_prefix: str) -> list[str]:
     """Free every lease held by a holder whose name starts with ``holder_prefix``; return their jobs."""
-    with framework_write():
+    with framework_write(), transaction.atomic():
         held = Lease.objects.filter(holder__startswith=holder_prefix, token__isnull=False)
+        locked = lock_fences(held)
+        if locked is not None:
+            held = held.filter(pk__in=locked)
         names = list(held.values_list("job", flat=True))
         held.update(**_FREE)
     return names
@@ -831,9 +876,16 @@ def hold_lease_sql(connection: Any) -> str:
         # optimizer pick the primary key and lock the row. A locking read is a current read at any isolation.
         return f"SELECT id = %s FROM {table} WHERE token = %s LOCK IN SHARE MODE"  # noqa: S608  quoted name
     if connection.vendor == "postgresql":
-        # The advisory lock names this session as a holder of the lane's fence (see _end_frozen_fences).
-        return f"SELECT {_fence_mark_sql('id')} FROM {table} WHERE id = %s AND token = %s FOR KEY SHARE"  # noqa: S608
+        # The token check alone, run after fence_lock_sql (see _fence.LeaseFence._begin_with): it answers the
+        # transaction's isolation level, at which the check holds only under READ COMMITTED.
+        return f"SELECT current_setting('transaction_isolation') FROM {table} WHERE id = %s AND token = %s"  # noqa: S608
     return f"SELECT 1 FROM {table} WHERE id = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
+
+
+def hold_lease_locked_sql(connection: Any) -> str:
+    """PostgreSQL, above READ COMMITTED: the token check that also locks the row (see ``_fence``). Id, token."""
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    return f"SELECT 1 FROM {table} WHERE id = %s AND token = %s FOR KEY SHARE"  # noqa: S608  quoted name
 
 
 # -- the worker's scan and fires --------------------------------------------------------------------------

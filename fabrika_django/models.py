@@ -243,10 +243,10 @@ class Overview(Job):
 class Lease(models.Model):
     """The lease of a job's active attempt: token, holder and expiry.
 
-    ``token`` is unique on purpose: on PostgreSQL an UPDATE of a uniquely indexed column takes the row's
-    FOR UPDATE lock, which waits for the FOR KEY SHARE lock that ``ctx.transaction()`` holds, while a renewal
-    (an UPDATE of ``expires`` alone) does not. So a lease is never taken over under an open fenced
-    transaction, and renewing never waits for one.
+    ``token`` is unique on purpose: on MariaDB/MySQL ``ctx.transaction()`` holds its index entry shared, which
+    an UPDATE of the token must lock and so waits for, while a renewal (an UPDATE of ``expires`` alone) does
+    not. So a lease is never taken over under an open fenced transaction, and renewing never waits for one.
+    PostgreSQL does the same with an advisory lock named after the row's id (``_jobstate``'s fence section).
     """
 
     # A 32-bit key on purpose: it is the second key of the fence's advisory lock on PostgreSQL (_jobstate).

@@ -78,7 +78,7 @@ def test_an_attempt_whose_lease_was_taken_over_cannot_begin_a_transaction():
 
 
 @pytest.mark.row_locks
-def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_not():
+def test_a_token_change_waits_for_an_open_fenced_transaction_while_a_renewal_does_not():
     in_transaction = threading.Event()
     finish = threading.Event()
 
@@ -95,6 +95,17 @@ def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_no
 
         return _in_own_connection(attempt)
 
+    def try_(change):
+        def attempt():
+            from fabrika_django._jobstate import Started
+
+            row = Lease.objects.get(job="holder")
+            started = Started("holder", row.token, row.run_id, "manual", row.attempt, row.holder, 0, 0, row.pk, 1)
+            with failing_lock_waits():
+                return change(started)
+
+        return _in_own_connection(attempt)
+
     with temporary_job(holder, timeout=timedelta(seconds=60)):
         worker = threading.Thread(target=lambda: (runner.run("holder"), connection.close()))
         worker.start()
@@ -102,9 +113,9 @@ def test_a_takeover_waits_for_an_open_fenced_transaction_while_a_renewal_does_no
             assert in_transaction.wait(20)
             assert try_update(expires=Now() + Value(timedelta(seconds=30))) == 1  # a renewal
             with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
-                try_update(token=uuid.uuid4())  # a takeover
+                try_(_rotate)  # the token of a next attempt
             with pytest.raises(OperationalError, match=LOCK_TIMEOUT):
-                try_update(token=None)  # a release
+                try_(_release)  # a release
         finally:
             finish.set()
             worker.join(30)
@@ -187,3 +198,241 @@ def test_the_fence_begins_the_transaction_as_psycopg_would_with_the_connections_
                 assert not _fence_of("lab_stamp", uuid.uuid4())._begin_with(connection, cursor)
     finally:
         raw.isolation_level = None
+
+
+# -- the fence against each path that changes a token (real sessions, one thread each) ---------------------
+
+
+class _Session:
+    """A connection of its own (a thread): each step runs there, in order; ``submit`` answers a future."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1)
+
+    def submit(self, func, *args, **kwargs):
+        return self._pool.submit(func, *args, **kwargs)
+
+    def run(self, func, *args, **kwargs):
+        return self.submit(func, *args, **kwargs).result(30)
+
+    def close(self):
+        self._pool.submit(lambda: connection.close()).result(30)
+        self._pool.shutdown()
+
+
+class _FencedTransaction:
+    """A ``ctx.transaction()``'s database side, step by step: the atomic block and the fence's hold."""
+
+    def __init__(self, fence):
+        self.fence = fence
+        self.atomic = transaction.atomic()
+
+    def begin(self):
+        self.atomic.__enter__()
+        try:
+            self.fence.hold(None)
+        except BaseException as exc:
+            self.atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def write_and_commit(self, note):
+        Mark.objects.create(job="lab_stamp", note=note)
+        self.atomic.__exit__(None, None, None)
+
+
+def _held_lease(token, holder="fenced:1:1"):
+    """Give lab_stamp's lane 0 a live lease of ``token``; answer the ``Started`` its run would hold."""
+    from fabrika_django._jobstate import Started
+
+    runner.sync_jobs(["lab_stamp"])
+    run_id = uuid.uuid4()
+    Lease.objects.filter(job="lab_stamp", lane=0).update(
+        token=token, holder=holder, run_id=run_id, attempt=1, expires=timezone.now() + timedelta(minutes=5)
+    )
+    lease_id = Lease.objects.get(job="lab_stamp", lane=0).pk
+    record = Attempt.objects.create(job="lab_stamp", run_id=run_id, trigger="kick", number=1, holder=holder)
+    return Started("lab_stamp", token, run_id, "kick", 1, holder, record.pk, 0, lease_id, 1)
+
+
+def _lock_waiters():
+    """How many sessions of this database wait for a lock now (PostgreSQL's pg_locks).
+
+    PostgreSQL only: MariaDB's information_schema.innodb_trx did not list a session waiting in an UPDATE
+    (its state said "Searching rows for update"), so there the waits are shown by lock wait timeouts instead
+    (``test_a_token_change_waits_for_an_open_fenced_transaction_while_a_renewal_does_not``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks AS locks JOIN pg_stat_activity AS sessions ON sessions.pid = locks.pid "
+            "WHERE NOT locks.granted AND sessions.datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def _wait_for_waiters(count, pending=()):
+    """Wait until ``count`` sessions wait for a lock (an event: each of them asked for it); fail if one ended."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while _lock_waiters() < count:
+        for future in pending:
+            if future.done():
+                future.result()  # an error says why
+                raise AssertionError("a session that should wait for the fence went through")
+        assert time.monotonic() < deadline, f"{count} sessions never waited for a lock"
+        time.sleep(0.01)
+
+
+def _release(started):
+    from fabrika_django import _jobstate
+
+    return _jobstate.release(started.job, started.holder)
+
+
+def _rotate(started):
+    from fabrika_django import _jobstate
+
+    return _jobstate.rotate(started, 2, 60)
+
+
+def _end_run(started):
+    from fabrika_django import _jobstate
+
+    _jobstate.end_run(started, "succeeded", again=False, seconds=60)  # frees the lease: answers False
+    return True
+
+
+_TOKEN_WRITERS = {"release": _release, "rotate": _rotate, "end_run": _end_run}
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("writer", list(_TOKEN_WRITERS))
+def test_a_token_change_waits_for_an_open_fenced_transaction_of_the_old_token(writer):
+    """A release, a new attempt's token, or a run's end waits until the open fenced transaction of the old token
+    ended: that transaction commits while its token is still the lease's, never after the new one was set."""
+    token = uuid.uuid4()
+    started = _held_lease(token)
+    old, changer = _Session(), _Session()
+    try:
+        stale = _FencedTransaction(_fence_of("lab_stamp", token))
+        old.run(stale.begin)
+        change = changer.submit(_TOKEN_WRITERS[writer], started)
+        _wait_for_waiters(1, [change])
+        # The change waits: the lease is still the old token's when the old transaction commits.
+        assert Lease.objects.get(pk=started.lease_id).token == token
+        old.run(stale.write_and_commit, "stale")
+        assert change.result(30)
+    finally:
+        old.close()
+        changer.close()
+    assert Lease.objects.get(pk=started.lease_id).token not in (token,)
+    assert list(Mark.objects.values_list("note", flat=True)) == ["stale"]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("writer", ["release", "rotate"])
+def test_a_fenced_transaction_that_begins_while_a_token_change_waits_is_refused_once_it_committed(writer):
+    """The fence asked for while a token change waits is granted after the change committed, and its token check
+    (a statement after the lock's, on PostgreSQL) sees the new token: LeaseLost, nothing written."""
+    from fabrika_django.exceptions import LeaseLost
+
+    token = uuid.uuid4()
+    started = _held_lease(token)
+    old, changer, late = _Session(), _Session(), _Session()
+    try:
+        first = _FencedTransaction(_fence_of("lab_stamp", token))
+        old.run(first.begin)
+        change = changer.submit(_TOKEN_WRITERS[writer], started)
+        _wait_for_waiters(1, [change])
+        second = _FencedTransaction(_fence_of("lab_stamp", token))
+        begun = late.submit(second.begin)
+        _wait_for_waiters(2, [change, begun])  # it queues behind the change
+        old.run(first.write_and_commit, "first")
+        assert change.result(30)
+        with pytest.raises(LeaseLost):
+            begun.result(30)
+        # And one that begins after the change committed.
+        with pytest.raises(LeaseLost):
+            late.run(_FencedTransaction(_fence_of("lab_stamp", token)).begin)
+    finally:
+        old.close()
+        changer.close()
+        late.close()
+    assert list(Mark.objects.values_list("note", flat=True)) == ["first"]
+
+
+@pytest.mark.row_locks
+def test_a_fenced_transaction_that_begins_after_a_takeover_committed_is_refused():
+    from fabrika_django import _jobstate
+    from fabrika_django.exceptions import LeaseLost
+
+    token = uuid.uuid4()
+    started = _held_lease(token)
+    Lease.objects.filter(pk=started.lease_id).update(expires=timezone.now() - timedelta(seconds=1))
+    start = _jobstate.Start(job="lab_stamp", trigger="kick", holder="taker:1:1", seconds=60, max_attempt=3)
+    taken = _jobstate.start_or_join(start)
+    assert taken is not None and taken.lease_id == started.lease_id
+    with pytest.raises(LeaseLost), transaction.atomic():
+        _fence_of("lab_stamp", token).hold(None)
+    assert not Mark.objects.exists()
+
+
+@pytest.mark.row_locks
+def test_a_renewal_does_not_wait_for_an_open_fenced_transaction():
+    from fabrika_django import _jobstate
+
+    token = uuid.uuid4()
+    started = _held_lease(token)
+    old, renewer = _Session(), _Session()
+
+    def renew():
+        with failing_lock_waits():
+            return _jobstate.renew(started, 600)
+
+    try:
+        fenced = _FencedTransaction(_fence_of("lab_stamp", token))
+        old.run(fenced.begin)
+        before = Lease.objects.get(pk=started.lease_id).expires
+        assert renewer.run(renew)  # a lock wait would fail it (300 ms, InnoDB 1 s)
+        assert Lease.objects.get(pk=started.lease_id).expires > before
+        old.run(fenced.write_and_commit, "inside")
+    finally:
+        old.close()
+        renewer.close()
+    assert list(Mark.objects.values_list("note", flat=True)) == ["inside"]
+
+
+@pytest.mark.postgresql
+def test_at_repeatable_read_a_fenced_transaction_that_waited_for_a_token_change_does_not_pass():
+    """Above READ COMMITTED the transaction's one snapshot is taken by the fence's lock statement, before its
+    wait: the token check then also locks the row, which fails on a token changed since that snapshot."""
+    import psycopg
+
+    from fabrika_django.exceptions import LeaseLost
+
+    token = uuid.uuid4()
+    started = _held_lease(token)
+    old, changer, late = _Session(), _Session(), _Session()
+
+    def repeatable_read():
+        connection.ensure_connection()
+        connection.connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+
+    try:
+        late.run(repeatable_read)
+        first = _FencedTransaction(_fence_of("lab_stamp", token))
+        old.run(first.begin)
+        change = changer.submit(_release, started)
+        _wait_for_waiters(1, [change])
+        begun = late.submit(_FencedTransaction(_fence_of("lab_stamp", token)).begin)
+        _wait_for_waiters(2, [change, begun])
+        old.run(first.write_and_commit, "first")
+        assert change.result(30)
+        with pytest.raises((LeaseLost, OperationalError), match="lease was taken over|could not serialize"):
+            begun.result(30)
+    finally:
+        old.close()
+        changer.close()
+        late.close()
+    assert list(Mark.objects.values_list("note", flat=True)) == ["first"]
