@@ -51,6 +51,9 @@ def test_a_polling_worker_behind_the_pooler_starts_fences_and_ends_every_kicked_
         for number in range(1, 21):
             kick("lab_stamp")
             wait_until(lambda n=number: Mark.objects.count() >= n, workers=[worker], what=f"run {number}")
+        # The last handler's Mark commits before its attempt's end is written: wait for that end, not a time.
+        ended = Attempt.objects.filter(job="lab_stamp", outcome="running")
+        wait_until(lambda: not ended.exists(), workers=[worker], what="the last attempt's end")
     finally:
         worker.kill()
     assert Mark.objects.count() == 20
