@@ -124,7 +124,7 @@ def _claimed_rows(run: Any, using: str, found: list[tuple[Any, ...]]) -> list[An
 
 def _claimed_at_start(ctx: Any) -> list[Any] | None:
     """The first batch, when the run's start claimed it in its own statement (``claim_at_start``); else None."""
-    found = getattr(ctx, "_claimed_at_start", None)
+    found = ctx._claimed_at_start
     run = active_run()
     if found is None or run is None:
         return None
@@ -134,7 +134,7 @@ def _claimed_at_start(ctx: Any) -> list[Any] | None:
 
 def claim_at_start(alias: str, queue: str) -> Callable[[Any, datetime, Any], tuple[str, str, dict[str, Any]]]:
     """The first claim of a kicked run of the queue's job, to ride in its start's statement on PostgreSQL
-    (``_jobstate.Start.claim``): one statement from a kick's NOTIFY to the task's rows, where there were two.
+    (``_running.CLAIMS_AT_START``): one statement from a kick's NOTIFY to the task's rows, where there were two.
 
     The answer, for the connection, the run's ``now`` and the job: the claim's WITH items, gated on the start
     having taken the lease (``taken``: a start that finds the job busy claims nothing), the tail of its answer
