@@ -204,7 +204,10 @@ def test_the_whole_recipe_through_the_worker_and_a_real_smtp_server(client):
             wait_until(
                 lambda: OutboxMail.objects.filter(due=None).exists(), workers=[worker], what="the mail marked done"
             )
-            output = worker.output()
+            # The handler logs its line after the finish commits: wait for the line, not only for the row.
+            output = wait_until(
+                lambda: "Mail sent id=" in worker.output() and worker.output(), workers=[worker], what="the sent line"
+            )
         finally:
             worker.kill()
         [received] = smtp.received
