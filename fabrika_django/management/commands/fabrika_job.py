@@ -133,7 +133,7 @@ class Command(BaseCommand):
         crontab = action("crontab", "Print a crontab (UTC) that runs each scheduled job, for hosts without a worker.")
         crontab.add_argument("--manage-py", metavar="PATH", help="the manage.py the lines call (found by default)")
 
-        action("list", "List every job: schedule, next fire (UTC), retries, timeout, kicks, mailer.")
+        action("list", "List every job: schedule, next fire (UTC), retries, timeout, lanes, kicks, mailer.")
 
         status = action("status", "Show each queue table's counts and each job's state and last outcome.")
         status.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -227,12 +227,13 @@ class Command(BaseCommand):
                 _utc(job.schedule.next_after(now)) or "-" if job.schedule is not None else "kick only",
                 str(job.retries),
                 _duration(job.timeout),
+                str(job.lanes),
                 ",".join(job.kicks) or "-",
                 job.mailer or "-",
             )
             for job in registry
         ]
-        self._table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "kicks", "mailer"), rows)
+        self._table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "lanes", "kicks", "mailer"), rows)
 
     def _handle_status(self, *, json: bool, **options: Any) -> None:
         report = _report.status(timezone.now())
