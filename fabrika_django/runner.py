@@ -184,12 +184,10 @@ def _run_attempts(
         _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
         if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:
             break
-        seconds = pause(number)
-        if stop is not None and stop.wait(seconds):
-            outcome = "shutdown"
+        interrupted = _pause_under_lease(lease, pause(number), _lease_seconds(job), stop)
+        if interrupted is not None:
+            outcome = interrupted
             break
-        if stop is None and seconds > 0:
-            time.sleep(seconds)
         number += 1
         _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
@@ -207,6 +205,28 @@ def _run_attempts(
         time.monotonic() - began,
     )
     return RunResult(job=job.name, outcome=outcome, attempts=number, run_id=lease.run_id)
+
+
+def _pause_under_lease(
+    lease: _jobstate.Started, seconds: float, lease_seconds: float, stop: threading.Event | None
+) -> str | None:
+    """Wait ``seconds`` before the next attempt, renewing the lease so a pause longer than it keeps the job.
+
+    Return None when the pause ran out, or the outcome that ends the run: "shutdown" (``stop`` was set) or
+    "lease_lost" (the lease is no longer this run's).
+    """
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        # A renewal every third of the lease: a late one still lands before the lease runs out.
+        step = min(left, lease_seconds / 3)
+        if stop is not None:
+            if stop.wait(step):
+                return "shutdown"
+        else:
+            time.sleep(step)
+        if end - time.monotonic() > 0 and not _renew(lease, lease_seconds):
+            return "lease_lost"
+    return None
 
 
 def _attempt(

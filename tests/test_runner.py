@@ -18,6 +18,7 @@ from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 
 from .jobs_helpers import temporary_job
+from .workers import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -275,6 +276,33 @@ def test_a_second_run_while_one_is_active_coalesces_and_the_job_runs_once_more()
     assert results[0].runs == 2
     assert Job.objects.get(name="busy").pending_since is None
     assert Lease.objects.get(job="busy").token is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_pause_longer_than_the_lease_keeps_the_lease_and_the_retry_runs():
+    paused = threading.Event()
+
+    def failing(ctx):
+        raise RuntimeError("always")
+
+    def long_pause(failed_attempt):
+        paused.set()
+        return 2.5  # the lease is 1 s: the job's timeout
+
+    with temporary_job(failing, retries=1, timeout=timedelta(seconds=1)):
+        results = []
+        first = threading.Thread(
+            target=lambda: results.append(runner.run("failing", pause=long_pause)) or connection.close()
+        )
+        first.start()
+        assert paused.wait(10)
+        first_expiry = Lease.objects.get(job="failing").expires
+        wait_until(lambda: timezone.now() > first_expiry + timedelta(seconds=0.3), what="the first lease's expiry")
+        second = runner.run("failing", trigger="kick", mark_pending=False)
+        first.join(20)
+    assert second.coalesced  # the paused run still held its lease
+    assert (results[0].outcome, results[0].attempts) == ("handler_failed", 2)
+    assert outcomes("failing") == [(1, "handler_failed"), (2, "handler_failed")]
 
 
 def _start(job, holder, *, mark_pending=True):
