@@ -447,7 +447,9 @@ def test_a_worker_whose_connections_were_cut_recovers_and_serves_the_next_kick()
         assert cut >= 2  # at least the listener and the loop's connection
         kick("lab_slow")
         wait_until(lambda: Mark.objects.filter(note="end").count() == 2, workers=[worker], what="the next run")
-        wait_until(lambda: "Listen connection lost" in worker.output(), workers=[worker], what="the listener's log line")
+        wait_until(
+            lambda: "Listen connection lost" in worker.output(), workers=[worker], what="the listener's log line"
+        )
         # Nothing is left blocked: the run released its lease.
         wait_until(
             lambda: Lease.objects.filter(job="lab_slow", token=None).exists(),
