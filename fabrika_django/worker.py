@@ -41,6 +41,7 @@ from . import _jobstate, _metrics, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
+from ._sessions import bound_idle_transactions
 from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
@@ -106,6 +107,7 @@ class Worker:
     def run(self) -> None:
         """Serve until stop() or SIGTERM/SIGINT; return once running attempts ended and leases are free."""
         configure_logging(self.verbosity)
+        bound_idle_transactions()  # a frozen worker's transactions end (MariaDB; PostgreSQL's takeover ends them)
         alias = listen_alias(settings.LISTEN_DATABASE)
         listener = None
         if alias is not None:

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from fabrika_django import _jobstate, _metrics, _report, _sweep, kicks, runner, worker
 from fabrika_django._process import stop_signals
+from fabrika_django._sessions import bound_idle_transactions
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
 from fabrika_django.models import QueueModel
@@ -167,6 +168,7 @@ class Command(BaseCommand):
         job = registry.get(name)
         stop = threading.Event()
         quiet = options.get("verbosity", 1) < 1
+        bound_idle_transactions()
         # SIGTERM (cron's or a supervisor's stop) ends the run as the worker's does; Ctrl-C stays an interrupt.
         with stop_signals(stop.set, signals=(signal.SIGTERM,)), _fabrika_logs_warnings_only(quiet):
             # Hosts that run jobs from cron have no worker to take kick rows: every run takes them all (into

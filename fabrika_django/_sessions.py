@@ -1,0 +1,46 @@
+"""Session settings of fabrika's own processes (the worker, ``fabrika_job run``): a bound on idle transactions.
+
+A holder frozen inside a transaction (SIGSTOP, a long GC pause, a VM paused) keeps its locks for as long as it
+stays frozen: the fence's lock on its lease row inside ``ctx.transaction()``, or a Job row between a run's
+start and end. DESIGN §15 bounds what that blocks to about a lease. PostgreSQL's takeover ends such sessions
+itself (``_jobstate._end_frozen_fences``, and the Job row's ``idle_in_transaction_session_timeout``). On
+MariaDB the server does it here: every connection of a fabrika process sets ``idle_transaction_timeout`` to two
+leases, so a transaction that sends no statement for that long has its connection closed and its locks freed.
+A live handler never sits that long inside ``ctx.transaction()`` without a statement unless it waits on
+something outside the database there, which holds the row locks it took for as long (the README says so).
+MySQL has no such setting; SQLite's single writer has no sessions to end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.db import connections
+from django.db.backends.signals import connection_created
+
+from .conf import settings
+
+
+def bound_idle_transactions() -> None:
+    """Bound idle transactions on this process's MariaDB connections: those open now and every later one."""
+    connection_created.connect(_on_connection_created, dispatch_uid="fabrika_bound_idle_transactions")
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            _bound(connection)
+
+
+def idle_transaction_seconds() -> int:
+    """Two leases, in whole seconds (the server's unit)."""
+    return max(1, math.ceil(2 * float(settings.LEASE_SECONDS)))
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    _bound(connection)
+
+
+def _bound(connection: Any) -> None:
+    if connection.vendor != "mysql" or "mariadb" not in connection.connection.get_server_info().lower():
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION idle_transaction_timeout = %s", [idle_transaction_seconds()])
