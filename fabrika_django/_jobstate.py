@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connection as default_connection
 from django.db import connections, router, transaction
-from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -981,6 +981,16 @@ def expired_leases(now: datetime) -> list[tuple[str, str, datetime | None]]:
 def pending_since(name: str) -> datetime | None:
     """Return when the job was first kicked without a run serving it yet (None: not pending)."""
     return Job.objects.filter(name=name).values_list("pending_since", flat=True).first()
+
+
+def kicked_since(name: str) -> datetime | None:
+    """Return when the job was first kicked without a run serving it yet: its pending flag, else its oldest kick
+    row (a kick whose NOTIFY a worker heard is taken by the run's start itself, so it never became the flag)."""
+    flag = pending_since(name)
+    if flag is not None:
+        return flag
+    oldest: datetime | None = KickRequest.objects.filter(job=name).aggregate(oldest=Min("created"))["oldest"]
+    return oldest
 
 
 def first_attempt_started(name: str, holder: str, since: datetime) -> datetime | None:

@@ -116,15 +116,15 @@ def observe_claim(job: str, rows: int) -> None:
 def run_in_progress(job: str, trigger: str, holder: str) -> Iterator[None]:
     """Count the run as in progress; for a kick's run, record how long the kick waited for its start.
 
-    The wait is the first attempt's ``started`` less the job's ``pending_since`` as the run found it: both
-    written by the database's clock on PostgreSQL, so hosts' clocks do not skew it. Two reads, only while
-    metrics are on.
+    The wait is the first attempt's ``started`` less when the kick came as the run found it (the job's
+    ``pending_since``, else its oldest kick row's ``created``): written by the database's clock on PostgreSQL,
+    so hosts' clocks do not skew it. Two or three reads, only while metrics are on.
     """
     instruments = _instruments
     if instruments is None:
         yield
         return
-    kicked = _quietly(_pending_since, job) if trigger == "kick" else None
+    kicked = _quietly(_kicked_since, job) if trigger == "kick" else None
     gauge = instruments.in_progress.labels(job)
     gauge.inc()
     try:
@@ -144,10 +144,10 @@ def _quietly(read: Any, *args: Any) -> Any:
         return None
 
 
-def _pending_since(job: str) -> Any:
+def _kicked_since(job: str) -> Any:
     from . import _jobstate  # it imports the models; this module is imported before the app registry is ready
 
-    return _jobstate.pending_since(job)
+    return _jobstate.kicked_since(job)
 
 
 def _observe_kick_latency(instruments: _Instruments, job: str, holder: str, kicked: Any) -> None:

@@ -11,7 +11,8 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabrika_django import kick
+from fabrika_django import _metrics, kick, runner
+from fabrika_django.models import Job, KickRequest
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder
@@ -89,6 +90,24 @@ def _free_port():
 def _scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:  # noqa: S310
         return _samples(response.read().decode())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kick_whose_run_takes_its_kick_row_itself_is_timed_from_that_row(monkeypatch):
+    """A worker that hears a kick's NOTIFY starts the run, whose start takes the kick row (on PostgreSQL in its own
+    statement): the pending flag is never set, so the kick's wait is read from the row."""
+    instruments = _metrics._make_instruments()
+    monkeypatch.setattr(_metrics, "_instruments", instruments)
+    runner.sync_jobs(["lab_stamp"])
+    kick("lab_stamp")
+    assert KickRequest.objects.filter(job="lab_stamp").exists()
+    assert Job.objects.get(name="lab_stamp").pending_since is None
+    holder = runner.default_holder()
+    with _metrics.run_in_progress("lab_stamp", "kick", holder):
+        assert runner.run("lab_stamp", "kick", holder=holder).ok
+    assert not KickRequest.objects.filter(job="lab_stamp").exists()  # the run's start took it
+    count = instruments.registry.get_sample_value("fabrika_kick_start_latency_seconds_count", {"job": "lab_stamp"})
+    assert count == 1
 
 
 @pytest.mark.postgresql
