@@ -352,10 +352,12 @@ def test_a_20000_row_drain_in_8_lanes_over_3_workers_loses_no_row_when_one_worke
             workers=survivors,
             what="the table drained",
         )
-        # What the dead lanes had claimed waits for its backoff, not lost: at most a batch a lane, claimed once.
+        # What the dead lanes had claimed waits for its backoff (a minute), not lost: at most a batch a lane,
+        # claimed once. A drain slower than the backoff (a loaded machine) has done some of them again already.
         waiting = Item.objects.filter(due__isnull=False)
-        assert 0 < waiting.count() <= 50 * len(victim_lanes)
-        assert list(waiting.values_list("attempts", "writes").distinct()) == [(1, 0)]
+        assert 0 < waiting.count() + Item.objects.filter(attempts=2).count()
+        assert waiting.count() <= 50 * len(victim_lanes)
+        assert set(waiting.values_list("attempts", "writes").distinct()) <= {(1, 0)}
         # Bring the backoff's end forward, as the clock would, and kick: those rows get done, once.
         waiting.update(due=timezone.now())
         kick(LANES_JOB)
