@@ -2,9 +2,10 @@
 
 One loop thread decides, a fixed set of runner threads run (each keeps its database connection between
 runs, so a kicked run starts without connecting), and on PostgreSQL a listener thread hears kicks
-(``_listen.Listener``) and hands each straight to a free runner slot (one thread hop less between a NOTIFY and
-its run's start; a kick it cannot place waits as a row for the loop's next scan). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
-every poll and after every (re)connection, so nothing a worker missed while away is lost.
+(``_listen.Listener``) and hands each straight to a free runner slot (one thread hop less between a NOTIFY
+and its run's start; a kick it cannot place waits as a row for the loop's next scan). The loop reads the
+jobs' state — pending flags, next fires, leases — in one query on every poll and after every (re)connection,
+so nothing a worker missed while away is lost.
 
 - A kick is a row a request inserted (``kicks``); the worker takes it on its poll, which makes it the job's
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
