@@ -213,15 +213,18 @@ def _claim_fields(using: str) -> tuple[list[Any], Callable[[tuple[Any, ...]], li
 
     connection = connections[using]
     fields = list(QueuedTask._meta.concrete_fields)
-    converters = []
-    for field in fields:
+    # Only the columns that have converters, each with its expression made once: a task's start waits for this.
+    converting: list[tuple[int, Any, list[Any]]] = []
+    for index, field in enumerate(fields):
         column = field.get_col(QueuedTask._meta.db_table)
-        converters.append(connection.ops.get_db_converters(column) + field.get_db_converters(connection))
+        field_converters = connection.ops.get_db_converters(column) + field.get_db_converters(connection)
+        if field_converters:
+            converting.append((index, column, field_converters))
 
     def convert(values: tuple[Any, ...]) -> list[Any]:
         converted = list(values)
-        for index, (value, field_converters) in enumerate(zip(values, converters, strict=True)):
-            column = fields[index].get_col(QueuedTask._meta.db_table)
+        for index, column, field_converters in converting:
+            value = converted[index]
             for converter in field_converters:
                 value = converter(value, column, connection)
             converted[index] = value

@@ -2,8 +2,10 @@
 
 One loop thread decides, a fixed set of runner threads run (each keeps its database connection between
 runs, so a kicked run starts without connecting), and on PostgreSQL a listener thread hears kicks
-(``_listen.Listener``). The loop reads the jobs' state — pending flags, next fires, leases — in one query on
-every poll and after every (re)connection, so nothing a worker missed while away is lost.
+(``_listen.Listener``) and hands each straight to a free runner slot (one thread hop less between a NOTIFY
+and its run's start; a kick it cannot place waits as a row for the loop's next scan). The loop reads the
+jobs' state — pending flags, next fires, leases — in one query on every poll and after every (re)connection,
+so nothing a worker missed while away is lost.
 
 - A kick is a row a request inserted (``kicks``); the worker takes it on its poll, which makes it the job's
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
@@ -90,6 +92,8 @@ class Worker:
         # This worker's runs of each job (one a lane), and of all jobs.
         self._running: collections.Counter[str] = collections.Counter()
         self._busy = 0
+        # Guards those two counts: the loop and the listener thread both dispatch runs.
+        self._slots = threading.RLock()
         # Runs that failed in the database (holder -> job): their lease may still be held, by nobody.
         self._orphans: dict[str, str] = {}
         self._runners: list[threading.Thread] = []
@@ -114,7 +118,7 @@ class Worker:
             listener = Listener(
                 alias,
                 self._stop,
-                on_kick=lambda name: self._inbox.put(("kick", name)),
+                on_kick=self._kicked,
                 on_connect=lambda: self._inbox.put(("scan",)),
                 on_lost=self._connection_lost,
             )
@@ -157,20 +161,28 @@ class Worker:
                 continue
             self._handle(message)
 
-    def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "kick":
-            name = message[1]
-            if name not in self.jobs or self._stop.is_set():
-                return
+    def _kicked(self, name: str) -> None:
+        """A kick's NOTIFY, heard (the listener's thread): start its run in a free runner slot at once.
+
+        Not through the loop: a kick's run starts one thread hop after its NOTIFY, whatever the loop is doing. A
+        kick that finds the job at its lanes, or every slot busy, is left as it is: its row waits, and the scan
+        that follows the end of a run takes it (a flag the job's live run sees as it ends).
+        """
+        if name not in self.jobs or self._stop.is_set():
+            return
+        with self._slots:
             if self._running[name] >= self.jobs[name].lanes or self._busy >= self.concurrency:
-                return  # the scan that follows the end of a run takes the kick
+                return
             # The run's start takes the kick rows itself (_jobstate.start_or_join): no round trip before it.
             self._dispatch(name, "kick")
-        elif kind == "done":
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "done":
             name, failed, holder = message[1], message[2], message[3]
-            self._running[name] -= 1
-            self._busy -= 1
+            with self._slots:
+                self._running[name] -= 1
+                self._busy -= 1
             if failed:
                 self._orphans[holder] = name
                 self._connection_lost()
@@ -243,21 +255,27 @@ class Worker:
             if local:
                 request_run(name)  # a fire during this worker's run: the run goes once more
             else:
+                # Owned: dispatched even if the listener took the last slot meanwhile (it waits for one).
                 self._dispatch(name, "schedule")
         for name, state in states.items():
-            if self._stop.is_set() or self._busy >= self.concurrency:
+            if self._stop.is_set():
                 return
-            lanes = self.jobs[name].lanes
-            if self._running[name] >= lanes:
-                continue
-            # Pending under a live lease: its holder runs it once more when it ends. A lane asked for starts
-            # while one is free; the start decides which (and whether, when another worker was first).
-            if state["orphaned"]:
-                self._dispatch(name, _TAKEOVER)
-            elif state["asked"] and state["active"] < lanes:
-                self._dispatch(name, "kick")
-            elif state["pending"] and not state["held"]:
-                self._dispatch(name, "kick")
+            with self._slots:  # a slot checked and taken at once: the listener's thread dispatches too
+                self._dispatch_flagged(name, state)
+
+    def _dispatch_flagged(self, name: str, state: dict[str, Any]) -> None:
+        """Run the job if its state asks for it and a slot and a lane of this worker are free."""
+        lanes = self.jobs[name].lanes
+        if self._busy >= self.concurrency or self._running[name] >= lanes:
+            return
+        # Pending under a live lease: its holder runs it once more when it ends. A lane asked for starts
+        # while one is free; the start decides which (and whether, when another worker was first).
+        if state["orphaned"]:
+            self._dispatch(name, _TAKEOVER)
+        elif state["asked"] and state["active"] < lanes:
+            self._dispatch(name, "kick")
+        elif state["pending"] and not state["held"]:
+            self._dispatch(name, "kick")
 
     def _release_orphans(self) -> None:
         """Free the leases of runs the database cut off in this worker, and run those jobs again.
@@ -285,9 +303,10 @@ class Worker:
         return interval
 
     def _dispatch(self, name: str, trigger: str) -> None:
-        self._running[name] += 1
-        self._busy += 1
-        self._work.put((name, trigger))
+        with self._slots:
+            self._running[name] += 1
+            self._busy += 1
+            self._work.put((name, trigger))
 
     def _connection_lost(self) -> None:
         """A connection was found dead: every thread's may be. Runner threads reconnect before their next run."""

@@ -234,6 +234,114 @@ def test_a_kick_heard_by_two_workers_makes_one_run():
     assert runs("heard") == [("kick", "succeeded")] * 5
 
 
+@contextlib.contextmanager
+def worker_with_a_stuck_loop(**options):
+    """An in-process worker whose loop, once ``stuck.set()`` is called, stays inside its next scan until the block
+    ends; yields (heard, stuck, in_scan), ``heard`` the names of the kicks its listener heard (once handled). Its
+    listener is LISTENing when the block starts."""
+    worker = Worker(install_signals=False, **options)
+    scan, stuck, in_scan, release = worker._scan, threading.Event(), threading.Event(), threading.Event()
+    kicked, heard = worker._kicked, []
+
+    def kicked_and_noted(name):
+        kicked(name)
+        heard.append(name)
+
+    def scan_then_hang():
+        scan()
+        if stuck.is_set():
+            in_scan.set()
+            release.wait(30)
+
+    worker._scan, worker._kicked = scan_then_hang, kicked_and_noted
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        wait_until(_listening, what="the worker's LISTEN")
+        yield heard, stuck, in_scan
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def _listening():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.postgresql
+def test_a_kick_starts_its_run_while_the_workers_loop_is_inside_a_scan():
+    # The listener hands a kick straight to a free runner slot: the loop (stuck here in a scan, as behind a slow
+    # statement) is not on the way from a NOTIFY to its run.
+    def prompt(ctx):
+        mark(ctx, ctx.trigger)
+
+    with temporary_job(prompt), fast_poll(), worker_with_a_stuck_loop(only=["prompt"]) as (_heard, stuck, in_scan):
+        stuck.set()
+        assert in_scan.wait(30), "the loop never scanned"
+        kick("prompt")
+        wait_until(lambda: Mark.objects.filter(job="prompt").exists(), what="the kick's run, with the loop stuck")
+        wait_until(lambda: Lease.objects.filter(job="prompt", token=None).exists(), what="the run's end")
+    assert runs("prompt") == [("kick", "succeeded")]
+
+
+@pytest.mark.postgresql
+def test_a_kick_heard_while_every_runner_slot_is_busy_runs_once_a_slot_is_free():
+    # The listener places a kick only in a free slot; one it cannot place stays a row that the scan after the
+    # busy run's end takes.
+    started, release = threading.Event(), threading.Event()
+
+    def occupying(ctx):
+        mark(ctx, "occupying")
+        started.set()
+        release.wait(30)
+
+    def waiting(ctx):
+        mark(ctx, "waiting")
+
+    with temporary_job(occupying), temporary_job(waiting), fast_poll():
+        with worker_with_a_stuck_loop(only=["occupying", "waiting"], concurrency=1) as (heard, _stuck, _in_scan):
+            kick("occupying")
+            assert started.wait(30), "the first run never started"
+            kick("waiting")
+            wait_until(lambda: "waiting" in heard, what="the second kick heard, every slot busy")
+            assert not Mark.objects.filter(job="waiting").exists()
+            release.set()
+            wait_until(lambda: Mark.objects.filter(job="waiting").exists(), what="the second kick's run")
+            wait_until(lambda: Lease.objects.filter(token__isnull=False).count() == 0, what="the runs' end")
+    assert runs("waiting") == [("kick", "succeeded")]
+    assert runs("occupying") == [("kick", "succeeded")]
+
+
+@pytest.mark.postgresql
+def test_a_kick_heard_during_the_jobs_only_lane_runs_it_once_more_after():
+    # At its lanes' limit, a kick's NOTIFY starts nothing: it leaves the job pending, and the live run goes once
+    # more as it ends.
+    started = threading.Semaphore(0)
+    release = threading.Event()
+
+    def single(ctx):
+        mark(ctx, "start")
+        started.release()
+        release.wait(30)
+
+    with temporary_job(single), fast_poll():
+        with worker_with_a_stuck_loop(only=["single"], concurrency=2) as (heard, _stuck, _in_scan):
+            kick("single")
+            assert started.acquire(timeout=30), "the first run never started"
+            kick("single")
+            wait_until(lambda: len(heard) == 2, what="the second kick heard during the run")
+            release.set()
+            assert started.acquire(timeout=30), "the job did not run once more"
+            wait_until(lambda: Lease.objects.filter(job="single", token=None).exists(), what="the runs' end")
+    assert runs("single") == [("kick", "succeeded"), ("kick", "succeeded")]
+
+
 def test_stopping_a_worker_aborts_its_attempt_releases_the_lease_and_hands_the_job_over():
     reasons = []
     started = threading.Event()
