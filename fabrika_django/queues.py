@@ -99,7 +99,11 @@ class QueueQuerySet(models.QuerySet[_M]):
         """Read and lock the claim's rows, in the claim's transaction."""
         compiled = _compiled_claim(self, using, connection, now, where, limit)
         if compiled is not None:
-            return list(self.model._base_manager.raw(*compiled, using=using))
+            sql, params, names = compiled
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                found = cursor.fetchall()
+            return [self.model.from_db(using, names, values) for values in found]
         return _read_locked(_locked(self._claim_query(using, now, where), connection)[:limit], connection)
 
     def _claim_query(self, using: str, now: datetime, where: Q | None) -> QueueQuerySet[_M]:
@@ -232,11 +236,16 @@ def _read_locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> l
 def _locking_read(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> tuple[str, tuple[Any, ...]]:
     """The claim's locking read as SQL and parameters (on MariaDB/MySQL with its index named: ``_read_locked``)."""
     sql, params = rows.query.get_compiler(connection=connection).as_sql()
-    index = _due_index(rows.model) if connection.vendor == "mysql" else None
-    if index is not None:
-        table = connection.ops.quote_name(rows.model._meta.db_table)
-        sql = sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({connection.ops.quote_name(index)})", 1)
-    return sql, tuple(params)
+    return _hinted(sql, rows.model, connection), tuple(params)
+
+
+def _hinted(sql: str, model: type[models.Model], connection: BaseDatabaseWrapper) -> str:
+    """On MariaDB/MySQL, name the ``(due, pk)`` index in the claim's read (see ``_read_locked``)."""
+    index = _due_index(model) if connection.vendor == "mysql" else None
+    if index is None:
+        return sql
+    table = connection.ops.quote_name(model._meta.db_table)
+    return sql.replace(f"FROM {table}", f"FROM {table} FORCE INDEX ({connection.ops.quote_name(index)})", 1)
 
 
 # The claim's locking read as compiled once, by what decides its text: the queryset's class (its claim order and
@@ -244,12 +253,14 @@ def _locking_read(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> 
 # parameters. Compiling it took about a millisecond of the worker's Python a claim (as long as the rest of a
 # claim of ten rows), under the interpreter lock every lane of the process shares. A claim with ``where``,
 # or on a queryset that is not the manager's own (a filter, an annotation...), compiles every time.
-_CLAIM_READS: dict[tuple[Any, ...], tuple[str, tuple[Any, ...], int] | None] = {}
+# Its rows are made as the ORM makes them (``Model.from_db`` with the selected fields' names), fetched at once:
+# a model whose selected fields convert values read from the database always goes the long way.
+_CLAIM_READS: dict[tuple[Any, ...], tuple[str, tuple[Any, ...], int, list[str]] | None] = {}
 
 
 def _compiled_claim(
     rows: QueueQuerySet[Any], using: str, connection: BaseDatabaseWrapper, now: datetime, where: Q | None, limit: int
-) -> tuple[str, list[Any]] | None:
+) -> tuple[str, list[Any], list[str]] | None:
     """Return the claim's locking read for ``now`` from the cache, or None where it must be compiled."""
     # SQLite takes its write lock in _locked (a statement), not in the read: it always goes the long way.
     if where is not None or not connection.features.has_select_for_update or not _is_plain(rows):
@@ -261,20 +272,31 @@ def _compiled_claim(
     compiled = _CLAIM_READS[key]
     if compiled is None:
         return None
-    sql, params, at = compiled
+    sql, params, at, names = compiled
     values = list(params)
     values[at] = _db_now(model, connection, now)
-    return sql, values
+    return sql, values, names
 
 
 def _compile_claim(
     rows: QueueQuerySet[Any], using: str, connection: BaseDatabaseWrapper, now: datetime, limit: int
-) -> tuple[str, tuple[Any, ...], int] | None:
-    """Compile the claim's locking read and find ``now`` among its parameters (None: not exactly once)."""
-    sql, params = _locking_read(_locked(rows._claim_query(using, now, None), connection)[:limit], connection)
+) -> tuple[str, tuple[Any, ...], int, list[str]] | None:
+    """Compile the claim's locking read; None unless ``now`` is among its parameters exactly once and every
+    column it reads is a field of the model read as it comes (no converter)."""
+    queryset = _locked(rows._claim_query(using, now, None), connection)[:limit]
+    compiler = queryset.query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()
+    columns = [expression for expression, _sql, _alias in compiler.select]
+    if compiler.annotation_col_map or compiler.get_converters(columns):
+        return None
+    names = [getattr(getattr(column, "target", None), "attname", None) for column in columns]
+    if None in names or len(set(names)) != len(names):
+        return None
     db_now = _db_now(rows.model, connection, now)
     found = [index for index, value in enumerate(params) if type(value) is type(db_now) and value == db_now]
-    return (sql, params, found[0]) if len(found) == 1 else None
+    if len(found) != 1:
+        return None
+    return _hinted(sql, rows.model, connection), tuple(params), found[0], names
 
 
 def _db_now(model: type[models.Model], connection: BaseDatabaseWrapper, now: datetime) -> Any:
