@@ -62,6 +62,10 @@ class Worker:
     def output(self) -> str:
         return Path(self.log.name).read_text()
 
+    def cpu_seconds(self) -> float:
+        """The process's CPU time so far (user and system), in seconds."""
+        return _cpu_of(self.pid)
+
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -78,6 +82,38 @@ class Worker:
                 self.proc.wait(10)
         self.log.close()
         os.unlink(self.log.name)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(pid: int | str) -> float:
+    """User and system CPU seconds of process ``pid`` (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _server_cpu() -> float:
+    """CPU seconds of every PostgreSQL server process on this machine (its sessions and its own processes)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                comm = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith("postgres"):
+                total += _cpu_of(entry.name)
+    return total
+
+
+def _machine_cpu() -> float:
+    """CPU seconds the whole machine spent busy (every core: /proc/stat's first line, idle and iowait left out)."""
+    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / _TICKS
 
 
 def _reset() -> None:
@@ -129,7 +165,7 @@ def _started(workers: list[Worker]) -> None:
         time.sleep(0.05)
 
 
-def _wait_for(count: int, workers: list[Worker], *, minutes: float, every: float = 0.05) -> None:
+def _wait_for(count: int, workers: list[Worker], *, minutes: float, every: float = 0.25) -> None:
     from fabrika_django import kick
     from fabrika_django.models import Lease
 
@@ -150,8 +186,12 @@ def _wait_for(count: int, workers: list[Worker], *, minutes: float, every: float
         time.sleep(every)
 
 
-def _throughput(url: str, lanes: int, workers_count: int, args: argparse.Namespace) -> tuple[float, int]:
-    """Drain ``args.rows`` rows in ``lanes`` lanes over ``workers_count`` workers; return rows/s and most lanes."""
+def _throughput(url: str, lanes: int, workers_count: int, args: argparse.Namespace) -> tuple[float, int, str]:
+    """Drain ``args.rows`` rows in ``lanes`` lanes over ``workers_count`` workers.
+
+    Return rows/s, the lanes used, and the CPU each row cost during the drain: the workers', the PostgreSQL
+    server's, and the machine's whole (the rest is this process, other people's and the kernel's).
+    """
     from django.db.models import Max, Min
 
     from fabrika_django import kick
@@ -164,9 +204,11 @@ def _throughput(url: str, lanes: int, workers_count: int, args: argparse.Namespa
     workers = [Worker(url, max(1, lanes // workers_count), **env) for _ in range(workers_count)]
     try:
         _started(workers)
+        cpu_before = sum(worker.cpu_seconds() for worker in workers), _server_cpu(), _machine_cpu()
         began = time.time()
         kick(JOB)
         _wait_for(args.rows, workers, minutes=args.minutes)
+        cpu_after = sum(worker.cpu_seconds() for worker in workers), _server_cpu(), _machine_cpu()
     finally:
         for worker in workers:
             worker.end()
@@ -174,7 +216,8 @@ def _throughput(url: str, lanes: int, workers_count: int, args: argparse.Namespa
     span = Effect.objects.aggregate(first=Min("at"), last=Max("at"))
     seconds = span["last"].timestamp() - began
     used = Attempt.objects.filter(job=JOB).values("lane").distinct().count()
-    return args.rows / seconds, used
+    worker_ms, server_ms, machine_ms = ((a - b) * 1000 / args.rows for a, b in zip(cpu_after, cpu_before, strict=True))
+    return args.rows / seconds, used, f"{worker_ms:.2f} / {server_ms:.2f} / {machine_ms:.2f}"
 
 
 def _drain(url: str, args: argparse.Namespace) -> None:
@@ -223,12 +266,15 @@ def main() -> None:
         _drain(args.database_url, args)
         return
     out(f"{args.rows:,} rows, {args.item_ms:g} ms of waiting a row, claim(limit={args.claim})")
-    out(f"{'lanes':>5} {'workers':>7} {'rows/s':>8} {'ideal':>6} {'of ideal':>8} {'lanes used':>10}")
+    out(
+        f"{'lanes':>5} {'workers':>7} {'rows/s':>8} {'ideal':>6} {'of ideal':>8} {'lanes used':>10}"
+        "  CPU ms a row: workers / server / machine"
+    )
     for config in args.configs.split(","):
         lanes, workers = (int(part) for part in config.split("x"))
-        rate, used = _throughput(args.database_url, lanes, workers, args)
+        rate, used, cpu = _throughput(args.database_url, lanes, workers, args)
         ideal = lanes * 1000 / args.item_ms
-        out(f"{lanes:>5} {workers:>7} {rate:>8.1f} {ideal:>6.0f} {rate / ideal:>8.0%} {used:>10}")
+        out(f"{lanes:>5} {workers:>7} {rate:>8.1f} {ideal:>6.0f} {rate / ideal:>8.0%} {used:>10}  {cpu}")
     out(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -52,10 +52,21 @@ class LeaseFence:
         from .models import Lease
 
         connection = connections[using or router.db_for_write(Lease)]
+        if connection.vendor == "postgresql":
+            held = self._begin_with(connection)
+        else:
+            held = self._hold_with_cursor(connection)
+        if not held:
+            self.signal.abort("lease_lost")
+            raise LeaseLost(
+                "The attempt's lease was taken over by another attempt: this transaction may not begin; "
+                "the next run picks up."
+            )
+
+    def _hold_with_cursor(self, connection: Any) -> bool:
+        """Every backend but PostgreSQL: the fence's statement through a cursor; True if the lease is held."""
         with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                held = self._begin_with(connection, cursor)
-            elif connection.vendor == "sqlite":
+            if connection.vendor == "sqlite":
                 # SQLite has no row locks: a write takes the database write lock for the transaction.
                 cursor.execute(*self._statement(connection))
                 held = cursor.rowcount == 1
@@ -66,12 +77,7 @@ class LeaseFence:
             else:
                 cursor.execute(*self._statement(connection))
                 held = cursor.fetchone() is not None
-        if not held:
-            self.signal.abort("lease_lost")
-            raise LeaseLost(
-                "The attempt's lease was taken over by another attempt: this transaction may not begin; "
-                "the next run picks up."
-            )
+        return held
 
     def _statement(self, connection: Any) -> tuple[str, list[Any]]:
         """Return the fence's statement (``_jobstate.hold_lease_sql``) and its parameters: the lease row's id, token.
@@ -84,7 +90,7 @@ class LeaseFence:
         token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
         return _jobstate.hold_lease_sql(connection), [self.lease_id, token]
 
-    def _begin_with(self, connection: Any, cursor: Any) -> bool:
+    def _begin_with(self, connection: Any) -> bool:
         """PostgreSQL: take the fence's lock and check the token, in the round trip of the BEGIN; True if held.
 
         Two statements, in this order: ``SELECT pg_advisory_xact_lock_shared(...)``, then the token check. The
@@ -102,18 +108,21 @@ class LeaseFence:
         query through psycopg's documented low-level connection (``pgconn``), which answers the last
         statement's rows (or the first error); psycopg then finds the transaction open and sends no BEGIN of
         its own. Inside a transaction already (a TestCase) the statements are ordinary ones. The query is
-        built once per connection (binding it cost as much Python as the rest of a finishing transaction).
+        built once per connection (binding it cost as much Python as the rest of a finishing transaction), and
+        no Django cursor is made for it: a transaction at READ COMMITTED needs none.
         """
         import psycopg  # the postgres extra's: not installed for SQLite-only projects
 
         from . import _jobstate
 
+        connection.ensure_connection()  # open already inside atomic(): a check, not a round trip
         raw = connection.connection
         if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            cursor.execute(_jobstate.fence_lock_sql(), [self.lease_id])
-            cursor.execute(*self._statement(connection))
-            found = cursor.fetchone()
-            return found is not None and self._checked_at(connection, cursor, found[0])
+            with connection.cursor() as cursor:
+                cursor.execute(_jobstate.fence_lock_sql(), [self.lease_id])
+                cursor.execute(*self._statement(connection))
+                found = cursor.fetchone()
+                return found is not None and self._checked_at(connection, found[0])
         built = self._begin_queries.get(id(raw))
         if built is None or built[0] is not raw:
             mogrify = psycopg.ClientCursor(raw).mogrify
@@ -127,17 +136,18 @@ class LeaseFence:
         if result.ntuples != 1:
             return False
         level = result.get_value(0, 0)
-        return self._checked_at(connection, cursor, level.decode() if level is not None else "")
+        return self._checked_at(connection, level.decode() if level is not None else "")
 
-    def _checked_at(self, connection: Any, cursor: Any, level: str) -> bool:
+    def _checked_at(self, connection: Any, level: str) -> bool:
         """True if the token check, run at isolation ``level``, answers for the rest of the transaction."""
         if level == "read committed":
             return True
         from . import _jobstate
 
         _sql, params = self._statement(connection)
-        cursor.execute(_jobstate.hold_lease_locked_sql(connection), params)
-        return cursor.fetchone() is not None
+        with connection.cursor() as cursor:
+            cursor.execute(_jobstate.hold_lease_locked_sql(connection), params)
+            return cursor.fetchone() is not None
 
 
 def _begin(raw: Any) -> str:

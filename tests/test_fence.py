@@ -181,8 +181,8 @@ def test_the_fence_begins_the_transaction_as_psycopg_would_with_the_connections_
     token = uuid.uuid4()
     Lease.objects.filter(job="lab_stamp").update(token=token)
     fence = _fence_of("lab_stamp", token)
-    with transaction.atomic(), connection.cursor() as cursor:
-        assert fence._begin_with(connection, cursor)  # built for the first connection, at its default level
+    with transaction.atomic():
+        assert fence._begin_with(connection)  # built for the first connection, at its default level
     connection.close()
     connection.ensure_connection()
     raw = connection.connection
@@ -190,12 +190,12 @@ def test_the_fence_begins_the_transaction_as_psycopg_would_with_the_connections_
     try:
         for _transaction in range(2):  # built for this connection, then reused
             with transaction.atomic(), connection.cursor() as cursor:
-                assert fence._begin_with(connection, cursor)
+                assert fence._begin_with(connection)
                 assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
                 cursor.execute("SHOW transaction_isolation")
                 assert cursor.fetchone() == ("serializable",)
                 # Inside a transaction already: a plain statement, which finds no row of another token.
-                assert not _fence_of("lab_stamp", uuid.uuid4())._begin_with(connection, cursor)
+                assert not _fence_of("lab_stamp", uuid.uuid4())._begin_with(connection)
     finally:
         raw.isolation_level = None
 

@@ -119,6 +119,17 @@ def test_a_full_claim_asks_for_one_more_lane_while_one_is_free_and_the_ask_lapse
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_ask_for_a_lane_counts_the_lanes_it_is_given_each_time():
+    """The ask's statement is compiled once per job and lane count: a count given later is its own statement."""
+    runner.sync_jobs([LANES_JOB])
+    _start(LANES_JOB, "first")  # lane 0 busy
+    assert _jobstate.ask_for_lane(LANES_JOB, 1) is False  # one lane, and it is busy
+    assert Job.objects.get(name=LANES_JOB).lane_asked is None
+    assert _jobstate.ask_for_lane(LANES_JOB, 8) is True  # lanes 1 to 7 are free
+    assert _jobstate.ask_for_lane(LANES_JOB, 1) is False  # the flag is up, and one lane is still busy
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_empty_queue_drains_down_to_one_run_which_serves_the_kick():
     runner.sync_jobs([LANES_JOB])
     first = _start(LANES_JOB, "first")

@@ -232,6 +232,25 @@ def test_claim_keeps_the_filters_of_the_queryset_it_ends(job_run):
         assert OutboxMail.objects.filter(kind="welcome").claim() == [welcome]
 
 
+def test_a_claim_compiled_once_reads_each_claims_own_now_queryset_and_where(job_run):
+    """The plain claim's locking read is compiled once (``queues._CLAIM_READS``): a later claim still reads its
+    own ``now``, and a claim on a filtered queryset or with ``where`` is not answered by the plain one's text."""
+    first = ReminderFactory(due=NOON - MINUTE)
+    later = ReminderFactory(due=NOON + 10 * MINUTE)
+
+    with job_run(now=NOON):
+        assert Reminder.objects.claim(limit=5) == [first]  # first's due moves to NOON + 1 minute
+    with job_run(now=NOON + 10 * MINUTE):
+        assert Reminder.objects.claim(limit=5) == [first, later]
+    with job_run(now=NOON + timedelta(days=1)):
+        assert Reminder.objects.filter(pk=later.pk).claim(limit=5) == [later]
+        assert Reminder.objects.exclude(pk=later.pk).claim(limit=5) == [first]
+    with job_run(now=NOON + timedelta(days=2)):
+        assert Reminder.objects.claim(limit=5, where=Q(pk=later.pk)) == [later]  # its last attempt (3)
+        assert Reminder.objects.claim(limit=5) == []  # both dead now: max_attempts is 3
+    assert [row.attempts for row in Reminder.objects.order_by("pk")] == [3, 3]
+
+
 @pytest.mark.parametrize("limit", [0, -1, 501, True, False, "5", 2.0, None])
 def test_claim_refuses_a_limit_out_of_bounds_saying_the_bounds(job_run, limit):
     with job_run(now=NOON), pytest.raises(ValueError) as refused:
