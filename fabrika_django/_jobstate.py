@@ -378,7 +378,7 @@ def _lane_ask(alias: str, name: str, lanes: int) -> tuple[str, tuple[Any, ...]]:
     if key not in _LANE_ASKS:
         free = Lease.objects.using(alias).filter(job=name, lane__lt=lanes, token__isnull=True)
         asking = Job.objects.using(alias).filter(Exists(free), name=name, lane_asked__isnull=True)
-        query = asking.query.chain(UpdateQuery)
+        query: Any = asking.query.chain(UpdateQuery)  # an UpdateQuery (the stubs type chain() as Query)
         query.add_update_values({"lane_asked": Now()})
         sql, params = query.get_compiler(alias).as_sql()
         _LANE_ASKS[key] = (sql, tuple(params))

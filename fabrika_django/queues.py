@@ -289,8 +289,9 @@ def _compile_claim(
     columns = [expression for expression, _sql, _alias in compiler.select]
     if compiler.annotation_col_map or compiler.get_converters(columns):
         return None
-    names = [getattr(getattr(column, "target", None), "attname", None) for column in columns]
-    if None in names or len(set(names)) != len(names):
+    read = [getattr(getattr(column, "target", None), "attname", None) for column in columns]
+    names = [name for name in read if isinstance(name, str)]
+    if len(names) != len(read) or len(set(names)) != len(names):
         return None
     db_now = _db_now(rows.model, connection, now)
     found = [index for index, value in enumerate(params) if type(value) is type(db_now) and value == db_now]
@@ -301,7 +302,8 @@ def _compile_claim(
 
 def _db_now(model: type[models.Model], connection: BaseDatabaseWrapper, now: datetime) -> Any:
     """``now`` as the claim's ``due <= now`` sends it (what the lookup prepares for the field)."""
-    return model._meta.get_field("due").get_db_prep_value(now, connection, prepared=False)
+    field: Any = model._meta.get_field("due")  # a concrete field: QueueModel's
+    return field.get_db_prep_value(now, connection, prepared=False)
 
 
 # A manager's own queryset of each model, to tell a claim's queryset from one with filters or other changes.
@@ -315,11 +317,12 @@ def _is_plain(rows: QueueQuerySet[Any]) -> bool:
     annotation, an ordering, ``defer``, ``select_related``, ``distinct`` or ``extra`` each set one), and the
     claim must not be overridden in the state filter it reads through (``due_now``).
     """
+    state: Any = rows  # QuerySet's private attributes, which the stubs leave out
     if (
-        rows._iterable_class is not models.query.ModelIterable
-        or rows._fields
-        or rows._prefetch_related_lookups
-        or rows._deferred_filter is not None
+        state._iterable_class is not models.query.ModelIterable
+        or state._fields
+        or state._prefetch_related_lookups
+        or state._deferred_filter is not None
         or type(rows).due_now is not QueueQuerySet.due_now
         or type(rows)._claim_query is not QueueQuerySet._claim_query
     ):
