@@ -301,7 +301,7 @@ def _compile_claim(
 
 
 def _db_now(model: type[models.Model], connection: BaseDatabaseWrapper, now: datetime) -> Any:
-    """``now`` as the claim's ``due <= now`` sends it (what the lookup prepares for the field)."""
+    """``now`` as the claim's comparison with ``due`` sends it (what the lookup prepares for the field)."""
     field: Any = model._meta.get_field("due")  # a concrete field: QueueModel's
     return field.get_db_prep_value(now, connection, prepared=False)
 
