@@ -173,8 +173,7 @@ def add_kick(name: str, *, using: str) -> None:
     """Insert a kick of ``name`` in the current transaction of ``using`` (in autocommit: its own commit)."""
     connection = connections[using]
     if connection.vendor == "postgresql":
-        sql = kick_sql(connection) if connection.in_atomic_block else _autocommit_kick_sql(connection)
-        _prepared.fetchone(connection, sql, {"name": name, "channel": CHANNEL})
+        _prepared.fetchone(connection, kick_sql(connection), {"name": name, "channel": CHANNEL})
         return
     table = connection.ops.quote_name(KickRequest._meta.db_table)
     with connection.cursor() as cursor:
@@ -190,24 +189,6 @@ def kick_sql(connection: Any) -> str:
     Parameters: name, channel. ``kick_cte`` is the same row as a CTE, for a statement that inserts a queue row.
     """
     return f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s)"
-
-
-def _autocommit_kick_sql(connection: Any) -> str:
-    """PostgreSQL's kick outside a transaction: nothing written when the job is already kicked or pending.
-
-    Only in autocommit: what the caller wrote committed before this statement, so a kick row already waiting
-    (taken later) or a pending flag (served by a run that starts later) covers it, and the statement commits
-    without a write (no WAL flush). Inside a transaction that is not so: a worker could take the waiting kick
-    and start its run before the caller's commit, so there every kick is a row. Parameters: name, channel.
-    """
-    quote = connection.ops.quote_name
-    kicks, jobs = quote(KickRequest._meta.db_table), quote(Job._meta.db_table)
-    return (
-        f"WITH kick AS (INSERT INTO {kicks} (job, created) SELECT CAST(%(name)s AS text), statement_timestamp() "  # noqa: S608
-        f"WHERE NOT EXISTS (SELECT 1 FROM {kicks} WHERE job = %(name)s) "
-        f"AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE name = %(name)s AND pending_since IS NOT NULL) RETURNING job) "
-        "SELECT count(pg_notify(%(channel)s, kick.job)) FROM kick"
-    )
 
 
 def kick_cte(connection: Any) -> str:

@@ -82,13 +82,22 @@ def test_a_kick_rides_in_the_callers_commit(lab_slow_row, monkeypatch):
     assert kick_rows() == 1
 
 
-def test_a_kick_in_autocommit_writes_nothing_while_one_waits_but_one_in_a_transaction_always_writes(lab_slow_row):
+def test_every_kick_is_a_row_of_its_own_in_autocommit_and_in_a_transaction(lab_slow_row):
     kick("lab_slow")
-    kick("lab_slow")  # autocommit: the waiting kick will be taken after this point, which covers this one
-    assert kick_rows() == (1 if connections["default"].vendor == "postgresql" else 2)
+    kick("lab_slow")
+    assert kick_rows() == 2
     with transaction.atomic():
-        kick("lab_slow")  # the waiting kick could be taken and its run started before this transaction commits
-    assert kick_rows() == (2 if connections["default"].vendor == "postgresql" else 3)
+        kick("lab_slow")
+    assert kick_rows() == 3
+
+
+def test_a_kick_in_autocommit_while_the_job_is_pending_is_still_a_row(lab_slow_row):
+    """The pending flag does not cover a kick: the run that serves it may have begun its start before the
+    caller's commit (on PostgreSQL one statement, whose snapshot then predates the caller's rows), so its claim
+    misses them. The kick's own row outlives that start and runs the job once more."""
+    Job.objects.filter(name="lab_slow").update(pending_since=timezone.now())
+    kick("lab_slow")
+    assert kick_rows() == 1
 
 
 def test_kick_inside_a_transaction_is_seen_only_when_it_commits(lab_slow_row):
