@@ -295,3 +295,38 @@ def _serve_kick_after_a_kick(holder):
     lease = _serve_kick(holder)
     assert lease is not None
     return lease
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["the-busy-run-goes-again", "the-busy-run-stops"])
+def test_a_kick_a_busy_start_took_is_served_by_exactly_one_run_when_the_busy_run_ends_before_the_general_path(
+    lab_slow_row, monkeypatch, again
+):
+    """On PostgreSQL a start that finds the job busy takes the kick rows into the flag in its one statement,
+    answers nothing, and the general path (``_start_under_job_lock``) takes kicks again under the Job row's lock.
+    The busy run ending in between (its own commit) must neither lose the kick nor serve it twice: the kick is
+    served by the busy run's next run (it goes again), or by the general path's (it stopped), never both."""
+    from fabrika_django import runner
+
+    runner.sync_jobs(["lab_slow"])
+    busy = _serve_kick_after_a_kick("worker-a")
+    kick("lab_slow")  # during the run
+    real = _jobstate._start_on_free_lease
+    went_again = []
+
+    def then_the_busy_run_ends(start):
+        started = real(start)
+        assert started is None  # busy
+        # PostgreSQL's statement took the kick into the flag; elsewhere it did nothing, and the row waits.
+        assert kick_rows() == (0 if connections["default"].vendor == "postgresql" else 1)
+        went_again.append(_jobstate.end_run(busy, "succeeded", again=again, seconds=30))
+        return None
+
+    monkeypatch.setattr(_jobstate, "_start_on_free_lease", then_the_busy_run_ends)
+    served = _serve_kick("worker-b")
+    monkeypatch.undo()
+    assert went_again == [again]
+    assert (served is None) == again  # one run for the kick: the busy run's next one, or this start's
+    run = busy if again else served
+    assert kick_rows() == 0 and not pending()
+    # That run ends with nothing left to serve: no spare run.
+    assert _jobstate.end_run(run, "succeeded", again=True, seconds=30) is False
