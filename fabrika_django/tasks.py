@@ -20,7 +20,7 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router, transaction
+from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -163,7 +163,10 @@ def _insert_and_kick(row: Any, job: str) -> None:
     }
     params.update(name=job, channel=CHANNEL)
     answer = _prepared.fetchone(connection, sql, params)
-    assert answer is not None  # an INSERT ... RETURNING of one row
+    if answer is None:
+        # A check, not an assert (``python -O`` drops those): an INSERT ... RETURNING answers its row unless
+        # something on the table (a trigger, a rule) skipped it; the task would never run, so say so.
+        raise DatabaseError(f"The task's row was not inserted into {QueuedTask._meta.db_table}: no row returned.")
     row.pk = answer[0]
     row._state.adding, row._state.db = False, alias
     _note_kick(job, alias)

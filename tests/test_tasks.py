@@ -320,3 +320,40 @@ def test_the_task_claim_walks_its_claim_index_in_order_past_no_given_up_task(job
     assert "fabrika_task_claim" in plan, plan
     assert "Sort" not in plan, plan  # in the claim's order, from the index
     assert "Rows Removed by Filter" not in plan, plan  # no given-up task read and thrown away
+
+
+@pytest.fixture
+def inserts_skipped():
+    """PostgreSQL: a trigger on the tasks' table that skips every INSERT (it answers no row)."""
+    from django.db import connection
+
+    table = connection.ops.quote_name(QueuedTask._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION fabrika_test_skip() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER fabrika_test_skip BEFORE INSERT ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION fabrika_test_skip()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER fabrika_test_skip ON {table}")
+            cursor.execute("DROP FUNCTION fabrika_test_skip()")
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "in-a-transaction"])
+def test_an_enqueue_whose_insert_answers_no_row_raises_a_clear_error_also_under_python_O(inserts_skipped, atomic):
+    """The check is a raise, not an ``assert`` that ``python -O`` would drop (leaving a task with no row)."""
+    from django.db import DatabaseError
+
+    with pytest.raises(DatabaseError, match="task's row was not inserted"):
+        if atomic:
+            with transaction.atomic():
+                tasks.noop.enqueue()
+        else:
+            tasks.noop.enqueue()
+    assert not QueuedTask.objects.exists()
