@@ -21,6 +21,7 @@ from django.utils import timezone
 from fabrika_django import _jobstate, kick, runner
 from fabrika_django.models import Job, QueuedTask
 from testproject.lab import tasks
+from testproject.lab.models import Item
 
 from . import processes
 
@@ -31,7 +32,7 @@ JOB = "tasks.default.default"
 
 @pytest.fixture(autouse=True)
 def job_rows():
-    runner.sync_jobs([JOB])
+    runner.sync_jobs([JOB, "lab_items"])
 
 
 def _waiting_statement(poll, pid, timeout=20.0):
@@ -47,7 +48,7 @@ def _waiting_statement(poll, pid, timeout=20.0):
     raise AssertionError("the start never waited for the Job row's lock")
 
 
-def _run_with_a_caller_in_the_starts_snapshot(caller):
+def _run_with_a_caller_in_the_starts_snapshot(caller, job=JOB):
     """Run the job for a kick (as a worker that heard one) while ``caller`` commits during its start statement."""
     url = processes.test_database_url()
     outcome, errors, pids = [], [], []
@@ -59,7 +60,7 @@ def _run_with_a_caller_in_the_starts_snapshot(caller):
                 cursor.execute("SELECT pg_backend_pid()")
                 pids.append(cursor.fetchone()[0])
             ready.set()
-            outcome.append(runner.run(JOB, "kick", holder="worker-a", mark_pending=False))
+            outcome.append(runner.run(job, "kick", holder="worker-a", mark_pending=False))
         except Exception as exc:  # noqa: BLE001  reported below
             errors.append(exc)
         finally:
@@ -68,7 +69,7 @@ def _run_with_a_caller_in_the_starts_snapshot(caller):
 
     with psycopg.connect(url) as holder, psycopg.connect(url, autocommit=True) as poll:
         table = connection.ops.quote_name(Job._meta.db_table)
-        holder.execute(f"SELECT 1 FROM {table} WHERE name = %s FOR UPDATE", [JOB])  # noqa: S608  quoted name
+        holder.execute(f"SELECT 1 FROM {table} WHERE name = %s FOR UPDATE", [job])  # noqa: S608  quoted name
         worker = threading.Thread(target=serve)
         worker.start()
         try:
@@ -119,3 +120,19 @@ def test_an_enqueue_committed_during_a_runs_start_is_run():
     outcome = _run_with_a_caller_in_the_starts_snapshot(enqueue)
     assert outcome.ok
     assert QueuedTask.objects.get(result_id=enqueued[0].id).status == "SUCCESSFUL"
+
+
+def test_a_kick_committed_during_a_runs_start_runs_the_queue_row_its_caller_made():
+    """A queue table's row and ``kick()``: the job claims in its handler, after the start's commit, so its claim
+    sees the row whatever the start's snapshot; the rule holds there too (and held before 1961c25)."""
+    kick("lab_items")
+    assert _jobstate.take_kicks(["lab_items"]) == ["lab_items"]  # pending: the start serves the flag
+    made = []
+
+    def request():
+        made.append(Item.objects.create(n=1))
+        kick("lab_items")
+
+    outcome = _run_with_a_caller_in_the_starts_snapshot(request, job="lab_items")
+    assert outcome.ok
+    assert Item.objects.get(pk=made[0].pk).writes == 1
