@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,14 +16,15 @@ from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from . import _metrics
+from . import _channel, _metrics
+from . import _prepared as _prepared_sql
 
 # Re-exported: projects and checks know them from here.
 from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from ._queuestate import max_attempts_of as max_attempts_of
-from ._queuestate import state_q
+from ._queuestate import state_q, state_sql
 from ._running import active_run, framework_write
-from .backoff import row_backoff
+from .backoff import MAX_ROW_BACKOFF, row_backoff
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
 
 if TYPE_CHECKING:
@@ -71,9 +72,9 @@ class QueueQuerySet(models.QuerySet[_M]):
 
         Terminal. Takes the oldest due rows first (then by pk), skipping rows another session holds, in a
         short transaction of its own: two statements however many rows (three on SQLite, which takes its
-        write lock first). Each claimed row gets one more attempt, a new version, and ``due`` moved by the
-        backoff, so a crash leaves it due again later. Runs only inside a job run, never inside
-        ``ctx.transaction()``.
+        write lock first; on PostgreSQL one, for the manager's own rows without ``where``). Each claimed row
+        gets one more attempt, a new version, and ``due`` moved by the backoff, so a crash leaves it due again
+        later. Runs only inside a job run, never inside ``ctx.transaction()``.
         """
         run = _refuse_bad_claim(limit, where)
         using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
@@ -85,6 +86,9 @@ class QueueQuerySet(models.QuerySet[_M]):
         connection = connections[using]
         now = run.now()
         run.claimed.add((using, self.model._meta.label))  # a requeue of this table kicks the job (_claimers)
+        claimed = _claim_in_one(self, using, connection, run, now, where, limit)
+        if claimed is not None:
+            return claimed
         with framework_write(), transaction.atomic(using=using):
             rows = self._claim_rows(using, connection, now, where, limit)
             if rows:
@@ -157,6 +161,151 @@ def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
         from ._jobstate import ask_for_lane
 
         ask_for_lane(run.job.name, run.job.lanes)
+
+
+# -- the claim in one statement (PostgreSQL) ----------------------------------------------------------------
+#
+# On PostgreSQL a plain claim (the manager's own rows, no ``where``, the default claim order) is one statement in
+# autocommit, run as a server-side prepared statement (``_prepared``): the locking read, the lease's UPDATE and,
+# for a run in lanes, the lane ask with its NOTIFY, gated on the claim being full. The long way is four round
+# trips (BEGIN, the read, the UPDATE, COMMIT) and one more for the ask; after each one the lane needs the
+# interpreter lock back, which every lane of the worker shares (bench/lanes.py).
+# A claimed row's new ``due`` is one of a few instants the worker computes (``row_backoff`` by the row's attempts,
+# the same for every count past the backoff's cap) and sends as an array, from which the UPDATE picks by the
+# attempts it finds: the object gets exactly the instant written, without reading a datetime back.
+
+#: By (model, alias, job alias or None where the statement carries no lane ask): the statement and the names of
+#: the fields its answer's columns are, in order; None where the claim goes the long way (a field read through a
+#: converter, a parent table).
+_ONE_STATEMENT: dict[tuple[Any, ...], tuple[str, list[str]] | None] = {}
+#: By (job period, max_attempts): the backoff of a row claimed with 0, 1, ... attempts, up to the first capped one.
+_BACKOFFS: dict[tuple[Any, int], list[Any]] = {}
+
+
+def _claim_in_one(
+    rows: QueueQuerySet[Any],
+    using: str,
+    connection: BaseDatabaseWrapper,
+    run: ActiveRun,
+    now: datetime,
+    where: Q | None,
+    limit: int,
+) -> list[Any] | None:
+    """Claim in one statement where it can (see above); None where the claim must go the long way.
+
+    Does what the claim does after its refusals: the metric, the run's note of a full claim and, for a full
+    claim of a run in lanes, the lane ask (inside the statement when the job's table is on the same database).
+    """
+    if (
+        where is not None
+        or connection.vendor != "postgresql"
+        or type(rows)._claim_order != QueueQuerySet._claim_order
+        or not _is_plain(rows)
+    ):
+        return None
+    model = rows.model
+    demand = getattr(run.context, "_demand", None)
+    folds_ask = demand is not None and demand.lanes > 1 and _job_alias() == using
+    key = (model, using, folds_ask)
+    if key not in _ONE_STATEMENT:
+        _ONE_STATEMENT[key] = _one_statement(model, connection, with_ask=folds_ask)
+    built = _ONE_STATEMENT[key]
+    if built is None:
+        return None
+    sql, names = built
+    max_attempts = max_attempts_of(model)
+    backoffs = _backoffs(run.job.period, max_attempts)
+    prepare = model._meta.get_field("due").get_db_prep_save
+    dues = [now + backoff for backoff in backoffs]
+    last = len(dues) - 1
+    params: list[Any] = [
+        max_attempts,
+        prepare(now, connection),
+        limit,
+        [prepare(due, connection) for due in dues],
+        last,
+    ]
+    if folds_ask:
+        from ._jobstate import _lane_ask
+
+        params += [*_lane_ask(using, run.job.name, run.job.lanes)[1], limit, _channel.CHANNEL, run.job.name]
+    with framework_write(), transaction.mark_for_rollback_on_error(using):
+        found = _prepared_sql.fetchall(connection, sql, params)
+    claimed = [model.from_db(using, names, values) for values in found]
+    for row in claimed:
+        row.due = dues[min(row.attempts - 1, last)]
+    _metrics.observe_claim(run.job.name, len(claimed))
+    if demand is not None and demand.claimed(len(claimed), limit) and not folds_ask:
+        from ._jobstate import ask_for_lane
+
+        ask_for_lane(run.job.name, run.job.lanes)
+    return claimed
+
+
+def _job_alias() -> str:
+    """The database of the jobs' tables, where a lane ask writes."""
+    from .models import Job  # here: the models import this module
+
+    return router.db_for_write(Job)
+
+
+def _backoffs(period: Any, max_attempts: int) -> list[Any]:
+    """``row_backoff`` of a row claimed with 0, 1, ... attempts before, up to its first capped value."""
+    key = (period, max_attempts)
+    if key not in _BACKOFFS:
+        found: list[Any] = []
+        for before in range(max(max_attempts, 1)):
+            found.append(row_backoff(period, before + 1))
+            if found[-1] >= MAX_ROW_BACKOFF:
+                break
+        _BACKOFFS[key] = found
+    return _BACKOFFS[key]
+
+
+def _one_statement(
+    model: type[models.Model], connection: BaseDatabaseWrapper, *, with_ask: bool
+) -> tuple[str, list[str]] | None:
+    """Build the one-statement claim of ``model`` (see above), or None where it must go the long way.
+
+    Its parameters, in order: "due now"'s max_attempts and now, the limit, the array of new ``due`` instants and
+    its last index; with the lane ask, the ask's own parameters, the limit again, the channel and the job's name.
+    """
+    opts = model._meta
+    if opts.parents:
+        return None
+    quote = connection.ops.quote_name
+    fields = [field for field in opts.concrete_fields if field.attname != "due"]
+    for field in fields:
+        column = field.get_col(opts.db_table)
+        if connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+            return None
+    condition, values = state_sql(model, "due_now", _SAMPLE_NOW, connection)
+    # The condition's parameters must be max_attempts then now, as the claim sends them: else the long way.
+    if values != [max_attempts_of(model), _SAMPLE_NOW]:
+        return None
+    table, due_c, attempts_c, version_c, pk_c = _quoted(connection, model, "due", "attempts", "version", "pk")
+    returned = ", ".join(f"claimed.{quote(str(field.column))}" for field in fields)
+    ctes = (
+        f"picked AS (SELECT {pk_c} AS pk_, {due_c} AS due_ FROM {table} WHERE {condition} "  # noqa: S608  quoted names
+        f"ORDER BY {due_c}, {pk_c} LIMIT %s FOR UPDATE OF {table} SKIP LOCKED), "
+        f"leased AS (UPDATE {table} AS claimed "
+        f"SET {due_c} = (%s::timestamptz[])[LEAST(claimed.{attempts_c}, %s) + 1], "
+        f"{attempts_c} = claimed.{attempts_c} + 1, {version_c} = claimed.{version_c} + 1 "
+        f"FROM picked WHERE claimed.{pk_c} = picked.pk_ RETURNING {returned}, picked.due_, picked.pk_)"
+    )
+    if with_ask:
+        from ._jobstate import _lane_ask
+
+        # The ask's UPDATE as ask_for_lane sends it (its WHERE in parentheses), written only for a full claim.
+        ask_sql = _lane_ask(connection.alias, "", 2)[0]
+        ctes += f", asked AS ({ask_sql} AND (SELECT count(*) FROM picked) >= %s RETURNING pg_notify(%s, %s))"  # noqa: S608
+    answer = ", ".join(f"leased.{quote(str(field.column))}" for field in fields)
+    sql = f"WITH {ctes} SELECT {answer} FROM leased ORDER BY leased.due_, leased.pk_"  # noqa: S608  quoted names
+    return sql, [field.attname for field in fields]
+
+
+#: Stands for the claim's ``now`` while its condition is compiled once (``_one_statement``).
+_SAMPLE_NOW = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:

@@ -246,8 +246,16 @@ def _claim_paused_in_a_thread(monkeypatch, *, isolation=None):
             if isolation is not None:
                 with connection.cursor() as cursor:
                     cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation.upper()}")
-            with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
-                Item.objects.claim(limit=50)
+            if connection.vendor == "postgresql":
+                # The claim is one statement there (no step between its read and its lease to pause at): it
+                # runs inside a transaction the run did not open, which holds its locks until the block ends.
+                with transaction.atomic(), running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+                    claimed.extend(row.pk for row in Item.objects.claim(limit=50))
+                    locked.set()
+                    release.wait(30)
+            else:
+                with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+                    Item.objects.claim(limit=50)
         finally:
             connection.close()
 
