@@ -370,14 +370,14 @@ def _locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> QueueQ
 
 
 def _read_locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> list[Any]:
-    """Read the claim's rows; on MariaDB/MySQL through the ``(due, pk)`` index, named in the statement.
+    """Read the claim's rows; on MariaDB/MySQL through the index in claim order, named in the statement.
 
     InnoDB locks every row a locking read examines, and keeps the lock on each row that matched even when
     ORDER BY ... LIMIT drops it after a sort. With a backlog (most rows due) the optimizer prefers a table scan
     and a filesort, so one claim would lock the whole backlog and every other claimer would skip it all.
     Walking the index in claim's order reads only the rows it returns (and dead ones it passes).
     """
-    if connection.vendor != "mysql" or _due_index(rows.model) is None:
+    if connection.vendor != "mysql" or _claim_index(rows.model, type(rows)._claim_order) is None:
         return list(rows)
     return list(rows.model._base_manager.raw(*_locking_read(rows, connection), using=rows.db))
 
@@ -385,12 +385,13 @@ def _read_locked(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> l
 def _locking_read(rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> tuple[str, tuple[Any, ...]]:
     """The claim's locking read as SQL and parameters (on MariaDB/MySQL with its index named: ``_read_locked``)."""
     sql, params = rows.query.get_compiler(connection=connection).as_sql()
-    return _hinted(sql, rows.model, connection), tuple(params)
+    return _hinted(sql, rows, connection), tuple(params)
 
 
-def _hinted(sql: str, model: type[models.Model], connection: BaseDatabaseWrapper) -> str:
-    """On MariaDB/MySQL, name the ``(due, pk)`` index in the claim's read (see ``_read_locked``)."""
-    index = _due_index(model) if connection.vendor == "mysql" else None
+def _hinted(sql: str, rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper) -> str:
+    """On MariaDB/MySQL, name the index in claim order in the claim's read (see ``_read_locked``)."""
+    model = rows.model
+    index = _claim_index(model, type(rows)._claim_order) if connection.vendor == "mysql" else None
     if index is None:
         return sql
     table = connection.ops.quote_name(model._meta.db_table)
@@ -446,7 +447,7 @@ def _compile_claim(
     found = [index for index, value in enumerate(params) if type(value) is type(db_now) and value == db_now]
     if len(found) != 1:
         return None
-    return _hinted(sql, rows.model, connection), tuple(params), found[0], names
+    return _hinted(sql, rows, connection), tuple(params), found[0], names
 
 
 def _db_now(model: type[models.Model], connection: BaseDatabaseWrapper, now: datetime) -> Any:
@@ -482,10 +483,16 @@ def _is_plain(rows: QueueQuerySet[Any]) -> bool:
     return bool(rows.query.__dict__ == _PLAIN_QUERIES[model].__dict__)
 
 
-def _due_index(model: type[models.Model]) -> str | None:
-    """Return the name of the model's ``(due, pk)`` index (models.py gives every queue table one)."""
-    fields = ["due", model._meta.pk.name]
-    return next((index.name for index in model._meta.indexes if list(index.fields) == fields), None)
+def _claim_index(model: type[models.Model], order: tuple[str, ...]) -> str | None:
+    """Return the name of the model's index that ends in the claim's ``order`` (``pk`` as its field's name).
+
+    A queue table's is ``(due, pk)`` (models.py gives every one); the tasks' is ``(backend, queue_name, -priority,
+    due, id)``, which is in claim order where the claim names one backend's queue, as theirs always does. The
+    shortest such index is taken: the one with fewest columns before the order.
+    """
+    wanted = [model._meta.pk.name if name == "pk" else name for name in order]
+    ending = [index for index in model._meta.indexes if list(index.fields)[-len(wanted) :] == wanted]
+    return min(ending, key=lambda index: len(index.fields)).name if ending else None
 
 
 def _take_write_lock(model: type[models.Model], connection: BaseDatabaseWrapper) -> None:

@@ -5,15 +5,18 @@ row locks) the claim takes the database write lock first, so two claimers never 
 """
 
 import contextlib
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
+from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
 from fabrika_django import queues
 from fabrika_django._running import ActiveRun, running
+from fabrika_django.models import TASK_ATTEMPTS_CEILING, QueuedTask, TaskStatus
 from testproject.lab.models import Item
 
 from .conftest import make_job
@@ -28,9 +31,35 @@ def _due_items(count):
     return list(Item.objects.order_by("pk").values_list("pk", flat=True))
 
 
-def _analyze():
+def _due_tasks(count, priorities):
+    """``count`` due tasks of the default queue, their priorities cycling through ``priorities``, among tasks the
+    claim must pass by: done ones (more than due), given-up ones, tasks not yet due and another queue's. Answers
+    the due tasks' pks in claim order (higher priority first, then earlier due, then pk)."""
+    task = {"task_path": "testproject.lab.tasks.noop", "backend": "default", "queue_name": "default"}
+    other = [QueuedTask(**task, priority=priorities[i % len(priorities)], due=None) for i in range(count * 2)]
+    other += [QueuedTask(**task, due=NOON - timedelta(days=1), attempts=TASK_ATTEMPTS_CEILING) for _ in range(100)]
+    other += [QueuedTask(**task, priority=100, due=NOON + timedelta(seconds=1 + i)) for i in range(count // 2)]
+    other += [QueuedTask(**dict(task, queue_name="other"), due=NOON - timedelta(days=2)) for _ in range(count // 2)]
+    for row in other[: count * 2]:
+        row.status = TaskStatus.SUCCESSFUL
+    QueuedTask.objects.bulk_create(other, batch_size=1000)
+    due = [
+        QueuedTask(**task, priority=priorities[i % len(priorities)], due=NOON - timedelta(seconds=count - i % 97))
+        for i in range(count)
+    ]
+    QueuedTask.objects.bulk_create(due, batch_size=1000)
+    _analyze(QueuedTask)
+    mine = QueuedTask.objects.filter(queue_name="default", due__lte=NOON, attempts__lt=TASK_ATTEMPTS_CEILING)
+    return list(mine.order_by("-priority", "due", "pk").values_list("pk", flat=True))
+
+
+def _claim_tasks(limit):
+    return [row.pk for row in QueuedTask.objects.claim(limit=limit, where=Q(backend="default", queue_name="default"))]
+
+
+def _analyze(model=Item):
     """Refresh the table's statistics, as a running database would have them."""
-    table = connection.ops.quote_name(Item._meta.db_table)
+    table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE TABLE {table}" if connection.vendor == "mysql" else f"ANALYZE {table}")
         if connection.vendor == "mysql":
@@ -204,6 +233,54 @@ def test_a_claim_in_progress_on_a_backlog_leaves_the_rest_of_the_backlog_to_anot
     assert second == pks[50:100]
 
 
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("priorities", [(0,), (2, -1, 0, 1, -2)], ids=["equal-priorities", "mixed-priorities"])
+def test_a_task_claim_in_progress_on_a_backlog_leaves_the_next_tasks_to_another_claimer(monkeypatch, priorities):
+    """As a queue table's: on MariaDB a claim that read the backlog through an index out of the tasks' claim order
+    sorted it, and locked every due task it sorted, so a second claimer (a lane, another worker) found none."""
+    in_order = _due_tasks(2000, priorities)
+
+    with _claim_paused_in_a_thread(monkeypatch, claim=lambda: _claim_tasks(10)) as first:
+        with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
+            second = _claim_tasks(10)
+    assert first == in_order[:10]
+    assert second == in_order[10:20]
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("priorities", [(0,), (2, -1, 0, 1, -2)], ids=["equal-priorities", "mixed-priorities"])
+def test_on_mariadb_the_task_claim_reads_only_the_tasks_it_takes_in_claim_order(job_run, priorities):
+    """MariaDB/MySQL build the claim index whole: done, given-up and future tasks are in it, before and among the
+    due ones. The claim reads it one priority at a time from that priority's first due task, so it examines (and
+    locks) only about the tasks it takes, and sorts nothing."""
+    in_order = _due_tasks(2000, priorities)
+    with job_run(now=NOON), CaptureQueriesContext(connection) as queries:
+        assert _claim_tasks(10) == in_order[:10]
+    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE FORMAT=JSON {select}")
+        plan = json.loads(cursor.fetchone()[0])
+        transaction.set_rollback(True)
+    (read,) = _tables_read(plan)
+    assert read["key"] == "fabrika_task_claim"
+    assert "filesort" not in json.dumps(plan)
+    # The ten it takes, and at most the given-up tasks due before them (attempts is not in the index); not the done
+    # tasks, the future ones, nor the rest of the backlog.
+    assert read["r_rows"] <= 10 + 100
+
+
+def _tables_read(plan):
+    """The tables an ``ANALYZE FORMAT=JSON`` plan reads, wherever they sit in it (under a filesort too)."""
+    if isinstance(plan, dict):
+        found = [plan["table"]] if isinstance(plan.get("table"), dict) else []
+        return found + [table for key, value in plan.items() if key != "table" for table in _tables_read(value)]
+    if isinstance(plan, list):
+        return [table for value in plan for table in _tables_read(value)]
+    return []
+
+
 @pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
@@ -222,11 +299,13 @@ def test_at_read_committed_a_row_added_among_the_rows_a_claim_holds_does_not_wai
 
 
 @contextlib.contextmanager
-def _claim_paused_in_a_thread(monkeypatch, *, isolation=None):
-    """Claim 50 rows in a thread and hold the claim's transaction open (its rows locked) for the block.
+def _claim_paused_in_a_thread(monkeypatch, *, isolation=None, claim=None):
+    """Claim 50 rows (or as ``claim`` does) in a thread and hold the claim's transaction open (its rows locked)
+    for the block.
 
     Answers the list of the claimed pks, filled when the block begins.
     """
+    claim = claim or (lambda: [row.pk for row in Item.objects.claim(limit=50)])
     locked, release = threading.Event(), threading.Event()
     lease = queues._lease
     claimer_thread = []
@@ -250,12 +329,14 @@ def _claim_paused_in_a_thread(monkeypatch, *, isolation=None):
                 # The claim is one statement there (no step between its read and its lease to pause at): it
                 # runs inside a transaction the run did not open, which holds its locks until the block ends.
                 with transaction.atomic(), running(ActiveRun(job=make_job(), clock=lambda: NOON)):
-                    claimed.extend(row.pk for row in Item.objects.claim(limit=50))
-                    locked.set()
-                    release.wait(30)
+                    found = claim()
+                    if not locked.is_set():  # a claim that goes the long way paused in its lease instead
+                        claimed.extend(found)
+                        locked.set()
+                        release.wait(30)
             else:
                 with running(ActiveRun(job=make_job(), clock=lambda: NOON)):
-                    Item.objects.claim(limit=50)
+                    claim()
         finally:
             connection.close()
 
