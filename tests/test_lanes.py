@@ -535,3 +535,44 @@ def test_status_the_jobs_page_the_overview_and_the_metric_show_active_lanes_of_l
     }
     assert samples[("fabrika_job_active_lanes", LANES_JOB)] == 3
     assert samples[("fabrika_job_active_lanes", "lab_slow")] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lanes_bench_check_without_effects_passes_a_clean_drain_and_catches_a_row_claimed_twice():
+    """bench/lanes.py's default handler makes no Effect: its check must still see a row two lanes claimed."""
+    from django.db import transaction
+
+    from bench.lanes import _check
+    from fabrika_django import VersionConflict
+    from fabrika_django._running import ActiveRun, running
+    from fabrika_django.schedule import Schedule
+
+    job = CronJob(name="bench_check", func=lambda ctx: None, schedule=Schedule("*/5 * * * *"))
+
+    def finish(row):
+        with transaction.atomic():
+            row.finish(writes=row.writes + 1)
+
+    past = timezone.now() - timedelta(seconds=1)
+    Item.objects.bulk_create([Item(n=n, due=past) for n in range(3)])
+    with running(ActiveRun(job=job)):
+        for row in Item.objects.claim(limit=3):
+            finish(row)
+    _check(3, effects=False)  # claimed once, finished once
+
+    Item.objects.all().delete()
+    Item.objects.bulk_create([Item(n=n, due=past) for n in range(3)])
+    with running(ActiveRun(job=job)):
+        first = Item.objects.claim(limit=3)
+        # A second lane's claim of a row the first still holds (what SKIP LOCKED and the lease rule out).
+        Item.objects.filter(pk=first[0].pk).update(due=past)
+        (again,) = Item.objects.claim(limit=1)
+        assert again.pk == first[0].pk
+        finish(again)
+        with pytest.raises(VersionConflict):
+            finish(first[0])
+        for row in first[1:]:
+            finish(row)
+    assert Item.objects.done().count() == 3  # every row done once: counting alone would pass
+    with pytest.raises(SystemExit, match="versions"):
+        _check(3, effects=False)
