@@ -64,7 +64,9 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     where = Q(backend=alias, queue_name=queue)
     first = _claimed_at_start(ctx)
     while True:
-        rows = first if first is not None else _claim(alias, queue, where)
+        # An empty first batch is claimed again at once: the start's ``now`` was read before its statement, so a
+        # row made due between the two (a requeue, whose kick that statement took) was not due to it.
+        rows = first or _claim(alias, queue, where)
         first = None
         if not rows:
             return
@@ -123,29 +125,41 @@ def _claimed_rows(run: Any, using: str, found: list[tuple[Any, ...]]) -> list[An
 
 
 def _claimed_at_start(ctx: Any) -> list[Any] | None:
-    """The first batch, when the run's start claimed it in its own statement (``claim_at_start``); else None."""
+    """The first batch, when the run's start claimed it in its own statement (``claim_at_start``); else None.
+
+    Each row the start answered ends with its ``started_now`` flag: true for the first task, which that
+    statement marked RUNNING (``run_task`` does not mark it again).
+    """
     found = ctx._claimed_at_start
     run = active_run()
     if found is None or run is None:
         return None
     ctx._claimed_at_start = None  # the first attempt's only: a retry claims afresh
-    return _claimed_rows(run, found[0], found[1])
+    alias, answered = found
+    rows = _claimed_rows(run, alias, [values[:-1] for values in answered])
+    for row, values in zip(rows, answered, strict=True):
+        row._started_now = bool(values[-1])
+    return rows
 
 
 def claim_at_start(alias: str, queue: str) -> Callable[[Any, datetime, Any], tuple[str, str, dict[str, Any]]]:
     """The first claim of a kicked run of the queue's job, to ride in its start's statement on PostgreSQL
-    (``_running.CLAIMS_AT_START``): one statement from a kick's NOTIFY to the task's rows, where there were two.
+    (``_running.CLAIMS_AT_START``): one statement from a kick's NOTIFY to the first task marked RUNNING, where
+    there were three (the start, the claim, the task's RUNNING).
 
     The answer, for the connection, the run's ``now`` and the job: the claim's WITH items, gated on the start
     having taken the lease (``taken``: a start that finds the job busy claims nothing), the tail of its answer
-    (columns, joins and order) and its parameters.
+    (columns, joins and order) and its parameters. The statement also marks the first claimed task RUNNING as
+    ``run_task`` would (``_claim_pieces``' ``start``): the lease it took in the same statement is the fence.
     """
 
     def claim(connection: Any, now: datetime, job: Any) -> tuple[str, str, dict[str, Any]]:
-        ctes, columns, order, fixed = _claim_pieces(connection.alias, gate="AND EXISTS (SELECT 1 FROM taken) ")
+        backend: Any = task_backends[alias]
+        ctes, columns, order, fixed = _claim_pieces(connection.alias, start=True)
         joins = "FROM recorded, taken LEFT JOIN (leased JOIN picked ON picked.id = leased.id) ON true"
-        tail = f"{columns} {joins} ORDER BY {order}"
-        return ctes, tail, {**fixed, **_claim_params(alias, queue, now, job)}
+        tail = f"{columns}, leased.started_now {joins} ORDER BY {order}"
+        params = {"max_attempts": backend.max_attempts, "worker": backend.worker_id}
+        return ctes, tail, {**fixed, **_claim_params(alias, queue, now, job), **params}
 
     return claim
 
@@ -164,21 +178,30 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
 
 
 @functools.lru_cache(maxsize=8)
-def _claim_pieces(using: str, gate: str = "") -> tuple[str, str, str, dict[str, Any]]:
+def _claim_pieces(using: str, start: bool = False) -> tuple[str, str, str, dict[str, Any]]:
     """The tasks' claim on PostgreSQL: its WITH items, its answer's columns, its order, and the values of its fixed
-    parameters. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it. ``gate``: a condition
-    added to the locking read (``claim_at_start``'s).
+    parameters. "Due now" is ``_queuestate``'s, compiled once with ``%(now)s`` in it.
 
     The locking read takes due rows in claim order (higher priority, then due, then enqueue order) with SKIP
     LOCKED through the claim index; the UPDATE gives each one more attempt, a new version and ``due`` moved by
     the backoff ``min(period * 2**attempts_before, cap)``, as ``backoff.row_backoff``; the answer keeps claim order.
 
-    Its commit does not wait for the WAL flush (for its own transaction only): a task's start is a durable commit
-    (``RUNNING``, ``_start``) that follows before the task's function runs, and flushes the claim with it, the WAL
-    being written in order. A claim lost in a database crash before that left no trace the task ran: its rows
-    are due again with the attempt not counted, as if never claimed.
+    ``start``: the claim rides in a run's start statement (``claim_at_start``). Its locking read is gated on the
+    start having taken the lease, and its UPDATE also starts the first task in claim order, as ``run_task``
+    would: RUNNING, ``started_at`` (kept from an earlier attempt) and ``last_attempted_at`` the statement's time,
+    the worker's id appended, unless that claim was past ``%(max_attempts)s`` (``run_task`` gives such a task
+    up). ``leased.started_now`` tells which row it started.
+
+    Its commit does not wait for the WAL flush (for its own transaction only). Alone, a task's start is a durable
+    commit (``RUNNING``, ``_start``) that follows before the task's function runs and flushes the claim with it,
+    the WAL being written in order; a claim lost in a database crash before that left no trace the task ran: its
+    rows are due again with the attempt not counted, as if never claimed. In a start statement the first task's
+    RUNNING is in that commit too: a crash within the WAL writer's delay (``wal_writer_delay``, 200 ms by
+    default) after it may forget that the task started, and the task then runs again with that attempt not
+    counted, as a task whose worker was killed runs again; its first durable write (its own, or its
+    SUCCESSFUL) flushes the start with it.
     """
-    from .models import QueuedTask
+    from .models import QueuedTask, TaskStatus
 
     connection = connections[using]
     quote = connection.ops.quote_name
@@ -193,15 +216,35 @@ def _claim_pieces(using: str, gate: str = "") -> tuple[str, str, str, dict[str, 
         if key != "now":
             fixed[key] = value
         due_now += f"%({key})s{pieces[index + 1]}"
+    gate, starts, returning = "", "", "task.*"
+    if start:
+        gate = "AND EXISTS (SELECT 1 FROM taken) "
+        # ``_attempts_left`` of the claimed row >= 0, from the attempts before the claim (the SET's).
+        first = "(first_task.id = task.id AND %(max_attempts)s > task.attempts)"
+        starts = (
+            f", status = CASE WHEN {first} THEN %(running)s ELSE task.status END, "
+            f"started_at = CASE WHEN {first} THEN COALESCE(task.started_at, statement_timestamp()) "
+            "ELSE task.started_at END, "
+            f"last_attempted_at = CASE WHEN {first} THEN statement_timestamp() ELSE task.last_attempted_at END, "
+            f"worker_ids = CASE WHEN {first} THEN task.worker_ids || jsonb_build_array(%(worker)s::text) "
+            "ELSE task.worker_ids END"
+        )
+        # RETURNING reads the row as updated: one attempt more than the SET's ``task.attempts``.
+        returning = (
+            "task.*, COALESCE(first_task.id = task.id AND %(max_attempts)s >= task.attempts, false) AS started_now"
+        )
+        fixed["running"] = TaskStatus.RUNNING.value
+    joined = "picked LEFT JOIN first_task ON first_task.id = picked.id" if start else "picked"
     ctes = (
         f"picked AS (SELECT id, priority, due FROM {table}, "  # noqa: S608  quoted names
         "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
         f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} {gate}"
         f"ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE OF {table} SKIP LOCKED), "
-        f"leased AS (UPDATE {table} AS task SET "
+        + ("first_task AS (SELECT id FROM picked ORDER BY priority DESC, due, id LIMIT 1), " if start else "")
+        + f"leased AS (UPDATE {table} AS task SET "  # noqa: S608  quoted names
         "due = %(now)s + LEAST(%(period)s * power(2, task.attempts), %(cap)s) * interval '1 second', "
-        "attempts = task.attempts + 1, version = task.version + 1 FROM picked WHERE task.id = picked.id "
-        "RETURNING task.*)"
+        f"attempts = task.attempts + 1, version = task.version + 1{starts} FROM {joined} "
+        f"WHERE task.id = picked.id RETURNING {returning})"
     )
     return ctes, columns, "picked.priority DESC, picked.due, picked.id", fixed
 
@@ -253,16 +296,17 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
         logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
         _send_finished(backend, row)
         return
-    started = _start(
-        ctx,
-        row,
-        status=TaskStatus.RUNNING,
-        started_at=row.started_at or now,
-        last_attempted_at=now,
-        worker_ids=[*row.worker_ids, backend.worker_id],
-    )
-    if not started:
-        return
+    if not getattr(row, "_started_now", False):  # else the run's start statement marked it (claim_at_start)
+        started = _start(
+            ctx,
+            row,
+            status=TaskStatus.RUNNING,
+            started_at=row.started_at or now,
+            last_attempted_at=now,
+            worker_ids=[*row.worker_ids, backend.worker_id],
+        )
+        if not started:
+            return
     try:
         task = task_of(row)
         result = result_of(row, task)
@@ -346,10 +390,16 @@ def _start(ctx: Any, row: Any, **values: Any) -> bool:
 
 
 def _give_back(ctx: Any, rows: list[Any]) -> None:
-    """Undo the claim of rows this run will not start: due now, the claimed attempt not counted."""
+    """Undo the claim of rows this run will not start: due now, the claimed attempt not counted (READY again,
+    for a task the run's start statement marked RUNNING)."""
+    from .models import TaskStatus
+
     now = timezone.now()
     for row in rows:
-        _record(ctx, row, due=now, attempts=row.attempts - 1)
+        values: dict[str, Any] = {"due": now, "attempts": row.attempts - 1}
+        if getattr(row, "_started_now", False):
+            values["status"] = TaskStatus.READY
+        _record(ctx, row, **values)
 
 
 def _send_finished(backend: Any, row: Any) -> None:
