@@ -173,8 +173,7 @@ def add_kick(name: str, *, using: str) -> None:
     """Insert a kick of ``name`` in the current transaction of ``using`` (in autocommit: its own commit)."""
     connection = connections[using]
     if connection.vendor == "postgresql":
-        sql = kick_sql(connection, flush=connection.in_atomic_block)
-        _prepared.fetchone(connection, sql, {"name": name, "channel": CHANNEL})
+        _prepared.fetchone(connection, kick_sql(connection), {"name": name, "channel": CHANNEL})
         return
     table = connection.ops.quote_name(KickRequest._meta.db_table)
     with connection.cursor() as cursor:
@@ -184,23 +183,12 @@ def add_kick(name: str, *, using: str) -> None:
         )
 
 
-def kick_sql(connection: Any, *, flush: bool = True) -> str:
+def kick_sql(connection: Any) -> str:
     """PostgreSQL's kick: the row and the NOTIFY in one statement (bench/kick_latency.py runs it alone).
 
     Parameters: name, channel. ``kick_cte`` is the same row as a CTE, for a statement that inserts a queue row.
-
-    ``flush=False``, for a kick in autocommit only: its commit does not wait for the WAL to reach the disk. The
-    caller's own writes committed durably before it, and the kick is a wake-up: a database crash within the WAL
-    writer's delay may lose it, which the job's schedule (the tasks' one-minute sweep) recovers, as it recovers a
-    kick that failed (``kick()``). Never inside the caller's transaction, whose commit it would make lose its
-    durability too.
     """
-    if flush:
-        return f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s)"
-    return (
-        f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s) "  # noqa: S608  quoted names
-        "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
-    )
+    return f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s)"
 
 
 def kick_cte(connection: Any) -> str:

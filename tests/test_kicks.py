@@ -330,29 +330,3 @@ def test_a_kick_a_busy_start_took_is_served_by_exactly_one_run_when_the_busy_run
     assert kick_rows() == 0 and not pending()
     # That run ends with nothing left to serve: no spare run.
     assert _jobstate.end_run(run, "succeeded", again=True, seconds=30) is False
-
-
-@pytest.mark.postgresql
-def test_a_kick_in_autocommit_skips_the_wal_flush_and_one_in_the_callers_transaction_leaves_its_commit_durable(
-    lab_slow_row, monkeypatch
-):
-    # The caller's own commit stays durable whatever the kick: inside its transaction the kick leaves the setting.
-    with transaction.atomic(), connections["default"].cursor() as cursor:
-        kick("lab_slow")
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone() == ("on",)
-    # In autocommit the kick is a commit of its own after the caller's, which need not wait for the flush.
-    sent = []
-    real = _jobstate._prepared.fetchone
-    monkeypatch.setattr(_jobstate._prepared, "fetchone", lambda *args: sent.append(args[1:]) or real(*args))
-    kick("lab_slow")
-    ((sql, params),) = sent
-    with transaction.atomic(), connections["default"].cursor() as cursor:
-        cursor.execute(sql, params)
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone() == ("off",)
-        transaction.set_rollback(True)
-    with connections["default"].cursor() as cursor:  # for that transaction only
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone() == ("on",)
-    assert kick_rows() == 2  # the two kicks; the statement run again was rolled back
