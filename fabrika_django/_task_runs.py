@@ -296,7 +296,9 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
         logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
         _send_finished(backend, row)
         return
-    if not getattr(row, "_started_now", False):  # else the run's start statement marked it (claim_at_start)
+    if getattr(row, "_started_now", False):  # the run's start statement marked it RUNNING (claim_at_start)
+        _check_started(ctx, row)
+    else:
         started = _start(
             ctx,
             row,
@@ -387,6 +389,19 @@ def _start(ctx: Any, row: Any, **values: Any) -> bool:
     """
     ctx._fence.check()
     return _record(ctx, row, **values)
+
+
+def _check_started(ctx: Any, row: Any) -> None:
+    """The fence's local check ``_start`` makes, for a task the run's start statement marked RUNNING: an attempt
+    that ended since (a shutdown, its deadline) leaves the task READY, its claimed attempt counted as for any
+    claimed row it does not start, rather than RUNNING with nobody running it until its backoff ends."""
+    from .models import TaskStatus
+
+    try:
+        ctx._fence.check()
+    except BaseException:
+        _record(ctx, row, status=TaskStatus.READY)
+        raise
 
 
 def _give_back(ctx: Any, rows: list[Any]) -> None:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from fabrika_django import _jobstate, _task_runs, runner
 from fabrika_django.models import QueuedTask
 from testproject.lab import tasks
+from testproject.lab.models import Mark
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
@@ -129,3 +130,19 @@ def test_a_run_whose_start_claimed_nothing_claims_again_with_a_later_now():
     )
     assert outcome.ok
     assert QueuedTask.objects.get(result_id=result.id).status == "SUCCESSFUL"
+
+
+def test_a_task_the_start_statement_started_is_ready_again_when_the_attempt_ends_before_it_runs(monkeypatch):
+    # The attempt ends between its start statement and the task (a shutdown, say): the fence's check refuses.
+    from fabrika_django import _fence
+    from fabrika_django.exceptions import LeaseLost
+
+    def refuse(self):
+        raise LeaseLost("the attempt ended")
+
+    monkeypatch.setattr(_fence.LeaseFence, "check", refuse)
+    result = tasks.mark.enqueue("never run")
+    assert not runner.run(JOB, "kick", mark_pending=False).ok
+    row = QueuedTask.objects.get(result_id=result.id)
+    assert (row.status, row.attempts) == ("READY", 1)
+    assert not Mark.objects.exists()
