@@ -630,7 +630,23 @@ def _fence_lease(url: str) -> tuple[int, str]:
     return lease_id, str(token)
 
 
+def _drop_fence_lease(url: str) -> None:
+    """Delete pgbench_fenced's Lease row: no job of that name exists for a worker or the admin to show."""
+    import psycopg
+
+    with psycopg.connect(_psql_url(url), autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {LEASE_TABLE} WHERE job = %s", [FENCED_JOB])  # noqa: S608  a constant name
+
+
 def _pgbench(url: str, pattern: str, drain: int, clients: int, *, fenced: bool = False) -> dict:
+    try:
+        return _run_pgbench(url, pattern, drain, clients, fenced=fenced)
+    finally:
+        if fenced:
+            _drop_fence_lease(url)
+
+
+def _run_pgbench(url: str, pattern: str, drain: int, clients: int, *, fenced: bool) -> dict:
     batches = drain // PATTERNS[pattern]
     if batches % clients:
         raise SystemExit(f"--clients must divide the {batches} batches of {pattern}")
