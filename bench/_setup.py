@@ -1,9 +1,15 @@
-"""What the benches share: printing a line, making their PostgreSQL database, and setting Django up on it."""
+"""What the benches share: printing a line, making their PostgreSQL database, setting Django up on it, and
+starting the test project's worker."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def out(line: str = "") -> None:
@@ -34,3 +40,30 @@ def setup_django(url: str, *, lab: bool) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+class WorkerProcess:
+    """A ``manage.py fabrika_job worker`` process of the test project on ``url`` (the lab app installed), its
+    output in a log file of its own; ``env`` adds to its environment."""
+
+    def __init__(self, url: str, arguments: list[str], *, prefix: str, env: dict[str, object]) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".log", delete=False)  # noqa: SIM115
+        environ = dict(
+            os.environ,
+            DATABASE_URL=url,
+            FABRIKA_LAB="1",
+            PYTHONUNBUFFERED="1",
+            PYTHONFAULTHANDLER="1",  # a worker that hangs is sent SIGABRT and writes every thread's stack
+        )
+        environ.update({key: str(value) for key, value in env.items()})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", *arguments],
+            cwd=ROOT,
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.proc.pid
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()

@@ -35,43 +35,25 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-from ._setup import create_database, out, setup_django
+from ._setup import WorkerProcess, create_database, out, setup_django
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_chaos"
-ROOT = Path(__file__).resolve().parent.parent
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
 ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row drain outlasts 20 kills
 
 
-class Worker:
+class Worker(WorkerProcess):
     """A ``fabrika_job worker`` process serving the chaos jobs; its log in a file of its own."""
 
     def __init__(self, url: str, **env: object) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="chaos-worker-", suffix=".log", delete=False)  # noqa: SIM115
-        environ = dict(
-            os.environ,
-            DATABASE_URL=url,
-            FABRIKA_LAB="1",
-            FABRIKA_LEASE_SECONDS=str(LEASE_SECONDS),
-            FABRIKA_POLL_INTERVAL=str(POLL_INTERVAL),
-            FABRIKA_LOG_LEVEL="INFO",
-            LAB_ITEM_SECONDS=str(ITEM_SECONDS),
-            PYTHONUNBUFFERED="1",
-            PYTHONFAULTHANDLER="1",  # a worker that hangs is sent SIGABRT and writes every thread's stack
-        )
-        environ.update({key: str(value) for key, value in env.items()})
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", "--only", "lab_chaos,lab_hold"],
-            cwd=ROOT,
-            env=environ,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.pid = self.proc.pid
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
+        settings = {
+            "FABRIKA_LEASE_SECONDS": LEASE_SECONDS,
+            "FABRIKA_POLL_INTERVAL": POLL_INTERVAL,
+            "FABRIKA_LOG_LEVEL": "INFO",
+            "LAB_ITEM_SECONDS": ITEM_SECONDS,
+        }
+        super().__init__(url, ["--only", "lab_chaos,lab_hold"], prefix="chaos-worker-", env={**settings, **env})
 
     def started(self) -> bool:
         return "Worker started" in self.output()

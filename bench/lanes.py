@@ -25,46 +25,23 @@ import argparse
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from ._setup import create_database, out, setup_django
+from ._setup import WorkerProcess, create_database, out, setup_django
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench_lanes"
-ROOT = Path(__file__).resolve().parent.parent
 JOB = "lab_lanes"
 
 
-class Worker:
+class Worker(WorkerProcess):
     """A ``fabrika_job worker --only lab_lanes`` process; its log in a file of its own."""
 
     def __init__(self, url: str, concurrency: int, **env: object) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="lanes-worker-", suffix=".log", delete=False)  # noqa: SIM115
-        environ = dict(
-            os.environ,
-            DATABASE_URL=url,
-            DEBUG="0",
-            FABRIKA_LAB="1",
-            FABRIKA_LOG_LEVEL="WARNING",
-            PYTHONUNBUFFERED="1",
-            PYTHONFAULTHANDLER="1",
-        )
-        environ.update({key: str(value) for key, value in env.items()})
-        command = ["fabrika_job", "worker", "-v", "1", "--only", JOB, "--concurrency", str(concurrency)]
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *command],
-            cwd=ROOT,
-            env=environ,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.pid = self.proc.pid
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
+        arguments = ["-v", "1", "--only", JOB, "--concurrency", str(concurrency)]
+        env = {"DEBUG": "0", "FABRIKA_LOG_LEVEL": "WARNING", **env}
+        super().__init__(url, arguments, prefix="lanes-worker-", env=env)
 
     def cpu_seconds(self) -> float:
         """The process's CPU time so far (user and system), in seconds."""
