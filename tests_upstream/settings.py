@@ -1,0 +1,12 @@
+"""Settings of the django-tasks-db test run: the test project's, with their ``TASKS`` and this app.
+
+``STORE_ERROR_MESSAGES``: their tests read exception messages in tracebacks, which fabrika keeps only when told.
+"""
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import FABRIKA, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests_upstream"]
+# As their tests' settings: one backend, django_tasks_db's (here fabrika's, see aliases.py), its default queue.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+FABRIKA = {**FABRIKA, "STORE_ERROR_MESSAGES": True}
