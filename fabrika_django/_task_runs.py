@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -319,8 +320,12 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
             else:
                 value = task.call(*row.args, **row.kwargs)
         value = _json(value, row)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt as exc:
+        if threading.current_thread() is threading.main_thread():
+            raise  # Ctrl-C, in a run inline (``fabrika_job run``, ``run_tasks`` in a test's transaction)
+        # Python raises Ctrl-C's KeyboardInterrupt in the main thread only: in a worker's handler thread it is the
+        # task's own raise, its failed attempt (let through, it ended the run and left the task RUNNING).
+        _fail(ctx, backend, row, exc)
     except BaseException as exc:  # noqa: B036  what the task raised is its failed attempt, SystemExit too
         _fail(ctx, backend, row, exc)
     else:

@@ -164,6 +164,15 @@ def test_a_return_value_that_is_not_json_fails_the_attempt_with_a_type_error():
     assert [error.exception_class_path for error in ran.errors] == ["builtins.TypeError"]
 
 
+def test_a_task_raising_keyboard_interrupt_on_a_handler_thread_fails_its_attempt_and_the_run_goes_on():
+    # run_tasks() outside a transaction runs the job's handler on a handler thread, as the worker does.
+    interrupted = tasks.interrupts_itself.enqueue()
+    after = tasks.noop.enqueue()
+    assert [(ran.id, ran.status) for ran in run_tasks()] == [(interrupted.id, READY), (after.id, SUCCESSFUL)]
+    interrupted.refresh()
+    assert [error.exception_class_path for error in interrupted.errors] == ["builtins.KeyboardInterrupt"]
+
+
 def test_get_result_of_an_unknown_or_malformed_id_raises_task_result_does_not_exist():
     for result_id in ("8f3e6a1c-0000-4000-8000-000000000000", "nope"):
         with pytest.raises(TaskResultDoesNotExist):

@@ -45,6 +45,11 @@ def always_fails(secret):
 
 
 @task
+def interrupts_itself():
+    raise KeyboardInterrupt
+
+
+@task
 def returns_an_object():
     return object()
 
