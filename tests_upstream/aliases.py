@@ -54,7 +54,8 @@ _FINDER = _AliasFinder()
 
 def install() -> None:
     """Put the alias finder first in ``sys.meta_path`` (once), and forget any ``tests`` imported before."""
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    if _FINDER in sys.meta_path:
+        return
+    sys.meta_path.insert(0, _FINDER)
     for name in [name for name in sys.modules if name == "tests" or name.startswith(("tests.", "django_tasks_db"))]:
         del sys.modules[name]

@@ -3,8 +3,13 @@ starts, the deselections, and the adaptations of ``selection.py``."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -49,6 +54,50 @@ def _their_worker_statement_counts(request: pytest.FixtureRequest) -> Iterator[N
 
     instance.assertNumQueries = assert_num_queries
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fabrikas_worker_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Their process tests start ``db_worker``: start fabrika's instead, on the test database.
+
+    ``--batch`` (run the due tasks, then exit) is ``fabrika_job run`` of the queue's job; otherwise the
+    long-running ``fabrika_job worker --only`` that job. Their worker id is not fabrika's (host:pid).
+    """
+    instance = request.instance
+    if instance is None or type(instance).__name__ not in selection.FABRIKA_WORKER_PROCESS:
+        yield
+        return
+
+    def start_worker(args: list[str] | None = None, *, debug: bool = False, worker_id: str | None = None) -> Any:
+        job = "tasks.default.default"
+        action = ["run", job] if "--batch" in (args or []) else ["worker", "--only", job]
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "fabrika_job", *action],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=None if debug else subprocess.PIPE,
+            stderr=None if debug else subprocess.STDOUT,
+            env={**os.environ, "DATABASE_URL": _test_database_url(), "FABRIKA_POLL_INTERVAL": "0.1"},
+            text=True,
+        )
+        instance.processes.append(process)
+        return process
+
+    instance.start_worker = start_worker
+    yield
+
+
+def _test_database_url() -> str:
+    """The test database's URL, for a process started by a test (testproject's settings read DATABASE_URL)."""
+    from django.db import connection
+
+    config = connection.settings_dict
+    scheme = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{config['NAME']}"
+    user = quote(config["USER"] or "") + (":" + quote(config["PASSWORD"]) if config["PASSWORD"] else "")
+    host = config["HOST"] or "localhost"
+    port = f":{config['PORT']}" if config["PORT"] else ""
+    return f"{scheme}://{user}@{host}{port}/{config['NAME']}"
 
 
 def _name(item: pytest.Item) -> str:

@@ -17,7 +17,6 @@ _THEIR_OUTPUT = "asserts on their db_worker's log lines (fabrika's worker logs i
 _THEIR_PRUNE = "their prune_db_task_results command: fabrika prunes with its built-in job after TASK_RESULT_DAYS"
 _THEIR_LOCKS = "their model's get_locked()/exclusive_transaction helpers (fabrika's claim is tested in tests/)"
 _THEIR_ADMIN = "their admin class (fabrika's tasks admin is tested in tests/test_tasks_admin.py)"
-_THEIR_PROCESS = "starts their db_worker as a process (python -m manage, their settings module) and signals it"
 
 DESELECTED: dict[str, str | tuple[str, set[str]]] = {
     # DatabaseBackendTestCase
@@ -74,20 +73,11 @@ DESELECTED: dict[str, str | tuple[str, set[str]]] = {
             "test_negative_age",
         )
     },
-    # DatabaseWorkerProcessTestCase
-    **{
-        f"DatabaseWorkerProcessTestCase.{name}": _THEIR_PROCESS
-        for name in (
-            "test_run_subprocess",
-            "test_interrupt_no_tasks",
-            "test_interrupt_signals",
-            "test_repeat_ctrl_c",
-            "test_kill",
-            "test_system_exit_task",
-            "test_keyboard_interrupt_task",
-            "test_multiple_workers",
-        )
-    },
+    "DatabaseWorkerProcessTestCase.test_interrupt_signals": (
+        "timing: it needs the worker to exit within 2 s of a signal sent 1 s after its start, while a 2-second task "
+        "runs, so its margin is 1 s minus the worker's start to the task's (Django's start and the first poll: "
+        "0.6-0.7 s for fabrika's worker here); it failed 1 run in 3 on PostgreSQL on a loaded 2-core machine"
+    ),
     # DBTaskResultOrderingTestCase: rows made with their model's fields, listed in its default ordering
     "DBTaskResultOrderingTestCase.test_higher_priority_tasks_come_first": _THEIR_MODEL,
     "DBTaskResultOrderingTestCase.test_earlier_run_after_comes_first_given_same_priority": _THEIR_MODEL,
@@ -115,6 +105,13 @@ EXPECTED_TO_FAIL: dict[str, str | tuple[str, set[str]]] = {
         "asserts json.dumps's wording ('is not JSON serializable'): fabrika fails the task with a TypeError too, "
         "worded by Django's normalize_json and its own message"
     ),
+    "DatabaseWorkerProcessTestCase.test_repeat_ctrl_c": (
+        "asserts their worker id in worker_ids (fabrika records host:pid), and that a second Ctrl-C fails the running "
+        "task with SystemExit: fabrika's worker lets the task run through its grace (10 s), then gives the run back"
+    ),
+    "DatabaseWorkerProcessTestCase.test_multiple_workers": (
+        "asserts their worker's log lines ('exiting gracefully', each task's id twice); the tasks all succeed"
+    ),
     "DatabaseBackendWorkerTestCase.test_run_after_priority": (
         "asserts their model's default ordering of all rows, where a task without run_after sorts after deferred "
         "ones (they store it as the largest date); the second half, the order due tasks are claimed in, holds"
@@ -122,6 +119,8 @@ EXPECTED_TO_FAIL: dict[str, str | tuple[str, set[str]]] = {
 }
 
 UNCOUNTED_STATEMENTS = {"DatabaseBackendWorkerTestCase"}
+#: Classes whose ``start_worker()`` starts fabrika's worker process (``fabrika_job``) instead of their db_worker.
+FABRIKA_WORKER_PROCESS = {"DatabaseWorkerProcessTestCase"}
 
 
 def deselected(name: str, vendor: str) -> str | None:

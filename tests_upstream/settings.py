@@ -5,6 +5,11 @@
 
 from testproject.settings import *  # noqa: F403
 from testproject.settings import FABRIKA, INSTALLED_APPS
+from tests_upstream import aliases
+
+# Their TASKS name django_tasks_db's backend: a worker process started with these settings (their process tests)
+# must resolve it as the test run does.
+aliases.install()
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests_upstream"]
 # As their tests' settings: one backend, django_tasks_db's (here fabrika's, see aliases.py), its default queue.
