@@ -30,10 +30,10 @@ def main(argv: list[str]) -> int:
     try:
         sdist = fetch()
     except RuntimeError as exc:
-        sys.stderr.write(f"{exc}\n")
         if require:
+            sys.stderr.write(f"{exc}\n")
             return 1
-        sys.stdout.write(f"== {PACKAGE} {VERSION}'s tests skipped: its sdist could not be fetched.\n")
+        sys.stdout.write(f"== {PACKAGE} {VERSION}'s tests skipped: {exc}\n")
         return 0
     tests = extract(sdist)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests_upstream.settings"}
