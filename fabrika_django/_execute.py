@@ -91,8 +91,12 @@ def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], 
             job.func(ctx)
         box.aborted_before_return = ctx.signal.aborted
         box.returned = True
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt as exc:
+        if threading.current_thread() is threading.main_thread():
+            raise  # Ctrl-C, in a run inline (``fabrika_job run`` inline, ``run_job`` in a test's transaction)
+        # Python raises Ctrl-C's KeyboardInterrupt in the main thread only: on a handler thread it is the handler's
+        # own raise, its failed attempt (let through, it killed the thread unrecorded and printed its message).
+        box.exception = exc
     except BaseException as exc:  # noqa: B036  every outcome is recorded, SystemExit included
         box.exception = exc
     finally:

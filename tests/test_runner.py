@@ -161,6 +161,21 @@ def test_a_kick_in_a_rolled_back_transaction_goes_nowhere(fabrika_kicks):
     assert fabrika_kicks == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_keyboard_interrupt_a_handler_raises_on_its_thread_is_its_failed_attempt(caplog):
+    # Outside a transaction run_job runs the handler on a handler thread, as the worker does; Ctrl-C's
+    # KeyboardInterrupt only ever reaches the main thread, so this one is the handler's own.
+    def interrupted(ctx):
+        raise KeyboardInterrupt("someone@example.com")
+
+    with temporary_job(interrupted, retries=0):
+        result = run_job("interrupted")
+    assert result.failure == "handler_failed"
+    (attempt,) = Attempt.objects.filter(job="interrupted")
+    assert attempt.error_class == "builtins.KeyboardInterrupt"
+    assert "someone@example.com" not in caplog.text
+
+
 def test_no_exception_message_reaches_the_history_or_the_log(caplog):
     def leaky(ctx):
         raise ValueError("someone@example.com")
