@@ -31,7 +31,7 @@ from django.db import connections
 
 from ._fence import LeaseFence
 from ._handlers import handler_threads
-from ._running import ActiveRun, running
+from ._running import ActiveRun, is_ctrl_c, running
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard
@@ -91,13 +91,9 @@ def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], 
             job.func(ctx)
         box.aborted_before_return = ctx.signal.aborted
         box.returned = True
-    except KeyboardInterrupt as exc:
-        if threading.current_thread() is threading.main_thread():
-            raise  # Ctrl-C, in a run inline (``fabrika_job run`` inline, ``run_job`` in a test's transaction)
-        # Python raises Ctrl-C's KeyboardInterrupt in the main thread only: on a handler thread it is the handler's
-        # own raise, its failed attempt (let through, it killed the thread unrecorded and printed its message).
-        box.exception = exc
     except BaseException as exc:  # noqa: B036  every outcome is recorded, SystemExit included
+        if is_ctrl_c(exc):
+            raise
         box.exception = exc
     finally:
         ctx._close()

@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 _local = threading.local()
 
 
+def is_ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C's, for a run to let through rather than record as its failure.
+
+    Python raises Ctrl-C's ``KeyboardInterrupt`` in the main thread only (a run inline: ``fabrika_job run``,
+    ``run_job``/``run_tasks`` in a test's transaction). On a handler thread it is the handler's or task's own
+    raise, its failed attempt: let through, it would kill the thread with nothing recorded.
+    """
+    return isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+
+
 #: Jobs whose first claim rides in the start of a kicked run (PostgreSQL's one-statement start,
 #: ``_jobstate.free_lease_start_sql``), by name: a function of (connection, now, job) answering the claim's WITH
 #: items (gated on ``taken``, the lease the start took), the tail of the statement's answer (its columns,

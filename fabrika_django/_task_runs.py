@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from django.utils.module_loading import import_string
 
 from . import _metrics, _prepared
 from ._queuestate import state_sql
-from ._running import active_run, framework_write, outside_run
+from ._running import active_run, framework_write, is_ctrl_c, outside_run
 from ._tasks_compat import (
     Task,
     TaskContext,
@@ -320,13 +319,9 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
             else:
                 value = task.call(*row.args, **row.kwargs)
         value = _json(value, row)
-    except KeyboardInterrupt as exc:
-        if threading.current_thread() is threading.main_thread():
-            raise  # Ctrl-C, in a run inline (``fabrika_job run``, ``run_tasks`` in a test's transaction)
-        # Python raises Ctrl-C's KeyboardInterrupt in the main thread only: in a worker's handler thread it is the
-        # task's own raise, its failed attempt (let through, it ended the run and left the task RUNNING).
-        _fail(ctx, backend, row, exc)
     except BaseException as exc:  # noqa: B036  what the task raised is its failed attempt, SystemExit too
+        if is_ctrl_c(exc):
+            raise
         _fail(ctx, backend, row, exc)
     else:
         _finish(ctx, row, value)
