@@ -11,7 +11,9 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
   E034 ``OWN_MAIL_SENDER`` that does not import to a callable, E035 ``FILE_STATE`` that does not import to a
-  callable, E036 a bad ``FILE_SWEEP``
+  callable, E036 a bad ``FILE_SWEEP``, E037 a ``FILE_SWEEP`` storage whose folder is no media folder (empty,
+  relative, the root, or holding the project, its settings, an app, ``STATIC_ROOT``, ``sys.prefix`` or the working
+  directory)
 - E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
   (reported by the backend's own ``check()``, which Django's tasks checks call)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
