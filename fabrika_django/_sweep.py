@@ -89,6 +89,8 @@ class _Report:
     skipped: int = 0
     #: Batches left for the next sweep because writers held the tables throughout.
     busy_batches: int = 0
+    #: Folders the worker may not read (their files are left, and so is what they hold).
+    unreadable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{name}={value}" for name, value in vars(self).items())
@@ -284,7 +286,7 @@ def _column_folder(storage: Storage) -> tuple[str | None, str | None]:
 
 def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Report) -> Iterator[str]:
     """Stream the names of the storage's files modified before ``cutoff`` (a timestamp)."""
-    listing = _walk_directory(root) if root is not None else _walk_storage(storage, "")
+    listing = _walk_directory(root, report) if root is not None else _walk_storage(storage, "")
     for name, modified in listing:
         if name is None:
             report.skipped += 1
@@ -297,18 +299,33 @@ def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Repor
         yield name
 
 
-def _walk_directory(root: str) -> Iterator[tuple[str | None, float | None]]:
-    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay."""
+def _walk_directory(root: str, report: _Report) -> Iterator[tuple[str | None, float | None]]:
+    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay.
+
+    A folder the worker may not read is skipped and counted (``report.unreadable``): its files are none of the
+    sweep's business until an operator lets it read them, and its path never reaches a log.
+    """
     pending = [""]
     while pending:
         prefix = pending.pop()
-        with os.scandir(os.path.join(root, prefix) if prefix else root) as entries:
+        try:
+            entries = os.scandir(os.path.join(root, prefix) if prefix else root)
+        except PermissionError:
+            report.unreadable += 1
+            continue
+        with entries:
             for entry in entries:
                 name = f"{prefix}{entry.name}"
                 if entry.name.startswith(".") or not _storable(name):
                     yield None, None
                     continue
-                info = entry.stat(follow_symlinks=False)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since it was listed: nothing to sweep
+                    continue
+                except PermissionError:  # a folder listed but not searchable: none of its entries is readable
+                    report.unreadable += 1
+                    break
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(name + "/")
                 elif stat.S_ISREG(info.st_mode):
@@ -496,8 +513,8 @@ def check_setting(value: object) -> list[checks.CheckMessage]:
     if unknown:
         return error(f"has unknown key {unknown[0]!r} (it takes 'storages' and 'older_than_days')")
     days = value.get("older_than_days")
-    if not isinstance(days, int) or isinstance(days, bool) or days < 1:
-        return error(f"has older_than_days={days!r}, which is not a whole number of days, 1 or more")
+    if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_DAYS:
+        return error(f"has older_than_days={days!r}, which is not a whole number of days from 1 to {MAX_DAYS}")
     aliases = value.get("storages")
     if not isinstance(aliases, list | tuple) or not aliases or not all(isinstance(a, str) for a in aliases):
         return error("has no list of storage aliases under 'storages'")
@@ -598,7 +615,7 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             out.stdout.write(f"{storage}: {name if name.isprintable() else ascii(name)}")
 
         report = sweep(config, dry_run=True, on_orphan=show)
-        counts = kept.format(days=config["older_than_days"], **vars(report))
+        counts = kept.format(days=config["older_than_days"], **vars(report)) + _unreadable(report)
         out.stdout.write(f"Would delete {report.deleted} files ({counts}); deleted nothing.")
         return
     from . import runner
@@ -615,8 +632,14 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             returncode=1,
         )
     else:
-        counts = kept.format(days=config["older_than_days"], **vars(done))
+        counts = kept.format(days=config["older_than_days"], **vars(done)) + _unreadable(done)
         busy = f"; {done.busy_batches} batches left for the next sweep (writers held the tables)"
         out.stdout.write(
             f"Deleted {done.deleted} files ({counts}){busy if done.busy_batches else ''} (run {result.run_id})."
         )
+
+
+def _unreadable(report: _Report) -> str:
+    if not report.unreadable:
+        return ""
+    return f"; {report.unreadable} folders skipped: the worker may not read them"

@@ -7,12 +7,15 @@ MEDIA_ROOT: each opens the listed file through its ``FieldFile``, so each keeps 
 import io
 import os
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.core.files.storage import InMemoryStorage
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from fabrika_django import _sweep
+from fabrika_django.checks import _check_settings
 from fabrika_django.testing import run_job
 from testproject.lab.models import Document
 from testproject.reports.models import ReportRequest
@@ -114,3 +117,54 @@ def test_a_row_committed_before_the_deleting_step_keeps_its_file_in_another_form
     assert run_job("fabrika_sweep_files").ok
     assert _files(media) == ["reports/late.csv"]
     assert seen == [("listed", ["reports/late.csv", "reports/orphan.csv"]), ("locked", ["reports/orphan.csv"])]
+
+
+# --- what the sweep cannot read, and how far back it may look -----------------------------------------------------
+
+
+@contextmanager
+def _unreadable(folder):
+    """Make ``folder`` unreadable to the worker: its mode, and (root reads any mode) the refusal the OS then gives."""
+    folder.chmod(0)
+    real = os.scandir
+
+    def scandir(path):
+        if os.path.realpath(path) == os.path.realpath(folder):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            if os.geteuid() == 0:
+                patch.setattr(os, "scandir", scandir)
+            yield
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreadable_folder_is_skipped_and_counted_and_the_rest_is_swept(media):
+    _file(media, "locked/old.csv")
+    _file(media, "open/orphan.csv")
+    out = io.StringIO()
+    with _unreadable(media / "locked"):
+        call_command("fabrika_job", "sweep-files", stdout=out)
+    assert out.getvalue().startswith(
+        "Deleted 1 files (kept: 0 referenced, 0 newer than 7 days; 1 folders skipped: the worker may not read them)"
+    )
+    assert str(media) not in out.getvalue()
+    assert _files(media) == ["locked/old.csv"]
+
+
+@pytest.mark.django_db
+def test_a_grace_period_past_the_bound_is_a_check_error_not_an_overflow(media, settings):
+    settings.FABRIKA = dict(settings.FABRIKA, FILE_SWEEP={"storages": ["default"], "older_than_days": 10**6})
+    [error] = _check_settings()
+    assert (error.id, error.msg) == (
+        "fabrika.E036",
+        "Setting FABRIKA['FILE_SWEEP'] has older_than_days=1000000, which is not a whole number of days from 1 to "
+        "36500.",
+    )
+    with pytest.raises(CommandError) as refused:
+        call_command("fabrika_job", "sweep-files", "--dry-run")
+    assert refused.value.returncode == 2 and "from 1 to 36500" in str(refused.value)
