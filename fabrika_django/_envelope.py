@@ -6,6 +6,8 @@ address) or a file's name.
 
 An attachment is sent only when ``FABRIKA["FILE_STATE"]`` (if set) says its file is live: a pending or quarantined
 file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved.
+A file reached through a symbolic link inside its storage's folder is refused (``file_is_link``), as the file
+sweep never follows one: the link may point anywhere on the machine.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import json
 import mimetypes
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.utils import formataddr, parseaddr
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured, SuspiciousFileOperation, ValidationError
+from django.core.files.storage import FileSystemStorage
 from django.core.mail import EmailMultiAlternatives
 from django.core.validators import validate_email
 from django.db.models.fields.files import FieldFile
@@ -206,6 +210,7 @@ def _read_attachments(attachments: Iterable[FieldFile], limit: int) -> tuple[_At
     total = 0
     for position, file in enumerate(files, start=1):
         try:
+            _refuse_link(position, file)
             total += file.size
         except SuspiciousFileOperation:
             raise _outside(position) from None
@@ -243,6 +248,28 @@ def _outside(position: int) -> EmailDeliveryError:
     return _invalid(
         f"attachment {position}'s file name points outside its storage: fix the row's file field, then requeue the row."
     )
+
+
+def _refuse_link(position: int, file: FieldFile) -> None:
+    """Refuse a file of a file system storage reached through a symbolic link below the storage's folder."""
+    storage = file.storage
+    if not isinstance(storage, FileSystemStorage):
+        return
+    folder = os.path.abspath(storage.location)
+    path = storage.path(str(file.name))  # SuspiciousFileOperation where the name leaves the folder
+    here = folder
+    for part in os.path.relpath(path, folder).split(os.sep):
+        here = os.path.join(here, part)
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            return  # the size or the read says file_missing
+        if stat.S_ISLNK(mode):
+            raise EmailDeliveryError(
+                f"attachment {position}'s file is a symbolic link inside its storage; nothing was sent: "
+                "store the file itself in the field, then requeue the row.",
+                code="file_is_link",
+            )
 
 
 def _check_file_states(files: list[FieldFile]) -> None:

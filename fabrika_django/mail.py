@@ -61,6 +61,7 @@ _REFUSED = frozenset(
         "attachments_too_large",
         "file_missing",
         "file_rejected",
+        "file_is_link",
         "recipient_refused",
         "sender_refused",
         "message_rejected",

@@ -181,6 +181,7 @@ class Outcome(models.TextChoices):
     FILE_MISSING = "file_missing", _("attachment file missing")
     FILE_NOT_READY = "file_not_ready", _("attachment file not ready")
     FILE_REJECTED = "file_rejected", _("attachment file rejected")
+    FILE_IS_LINK = "file_is_link", _("attachment file is a link")
     RECIPIENT_REFUSED = "recipient_refused", _("recipient refused")
     SENDER_REFUSED = "sender_refused", _("sender refused")
     MESSAGE_REJECTED = "message_rejected", _("message rejected")

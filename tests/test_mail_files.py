@@ -5,6 +5,7 @@ carry (``ctx.mail.capabilities``); and the ledger's pruning after ``MAIL_LEDGER_
 The SMTP cases go through Django's SMTP backend to the real loopback server of tests/smtp.py.
 """
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -97,6 +98,33 @@ def test_an_attachment_whose_name_escapes_its_storage_is_refused_without_quoting
     )
     assert "secret" not in str(refused.value) and str(media.parent) not in str(refused.value)
     assert refused.value.__cause__ is None
+    assert not SentMail.objects.exists() and django_mail.outbox == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_an_attachment_reached_through_a_link_inside_its_storage_is_refused(media, linked):
+    outside = media.parent / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for mail")
+    row = _row()
+    if linked == "file":
+        os.symlink(outside / "secret.txt", media / "outbox-link.txt")
+        OutboxMail.objects.filter(pk=row.pk).update(attachment="outbox-link.txt")
+    else:
+        os.symlink(outside, media / "shared")
+        OutboxMail.objects.filter(pk=row.pk).update(attachment="shared/secret.txt")
+    row.refresh_from_db()
+    with row.attachment.open("rb") as opened:  # the premise: the field opens the file outside
+        assert opened.read() == b"not for mail"
+    with pytest.raises(EmailDeliveryError) as refused:
+        _mailer(mode="locmem").send(**_message(attachments=[row.attachment]))
+    assert (refused.value.code, refused.value.outcome) == ("file_is_link", "not_sent")
+    assert str(refused.value) == (
+        "attachment 1's file is a symbolic link inside its storage; nothing was sent: "
+        "store the file itself in the field, then requeue the row."
+    )
+    assert _mailer(mode="none").may_retry(refused.value) is False
     assert not SentMail.objects.exists() and django_mail.outbox == []
 
 
