@@ -5,9 +5,10 @@ name, each attachment's name and bytes, and the unsubscribe URL. Error messages 
 address) or a file's name.
 
 An attachment is sent only when ``FABRIKA["FILE_STATE"]`` (if set) says its file is live: a pending or quarantined
-file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved.
-A file reached through a symbolic link inside its storage's folder is refused (``file_is_link``), as the file
-sweep never follows one: the link may point anywhere on the machine.
+file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved;
+a callable that raises fails it with ``file_state_failed`` (its exception's message is never kept), one that answers
+something unhashable with ``file_state_invalid``. A file reached through a symbolic link inside its storage's folder
+is refused (``file_is_link``), as the file sweep never follows one: the link may point anywhere on the machine.
 """
 
 from __future__ import annotations
@@ -279,8 +280,23 @@ def _check_file_states(files: list[FieldFile]) -> None:
         return  # no scanner: every existing file is live
     state_of = import_string(path)
     for position, file in enumerate(files, start=1):
-        state = state_of(file)
-        if state not in _FILE_STATES:
+        try:
+            state = state_of(file)
+        except Exception as error:  # noqa: BLE001 - the scanner's own failure, told by class, never by message
+            raise EmailDeliveryError(
+                f"FABRIKA['FILE_STATE'] raised {type(error).__name__} for attachment {position}; nothing was sent: "
+                "a later attempt asks it again.",
+                code="file_state_failed",
+            ) from None
+        try:
+            known = state in _FILE_STATES
+        except TypeError:  # unhashable: a list, a dict
+            raise EmailDeliveryError(
+                f"FABRIKA['FILE_STATE'] answered a {type(state).__name__} for attachment {position}; nothing was "
+                "sent: return 'live', 'pending', 'quarantined' or 'rejected'.",
+                code="file_state_invalid",
+            ) from None
+        if not known:
             raise ImproperlyConfigured(
                 f"FABRIKA['FILE_STATE'] answered a {type(state).__name__} that is no file state: "
                 "return 'live', 'pending', 'quarantined' or 'rejected'."

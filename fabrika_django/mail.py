@@ -62,6 +62,7 @@ _REFUSED = frozenset(
         "file_missing",
         "file_rejected",
         "file_is_link",
+        "file_state_invalid",
         "recipient_refused",
         "sender_refused",
         "message_rejected",

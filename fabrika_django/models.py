@@ -182,6 +182,8 @@ class Outcome(models.TextChoices):
     FILE_NOT_READY = "file_not_ready", _("attachment file not ready")
     FILE_REJECTED = "file_rejected", _("attachment file rejected")
     FILE_IS_LINK = "file_is_link", _("attachment file is a link")
+    FILE_STATE_FAILED = "file_state_failed", _("file state callable failed")
+    FILE_STATE_INVALID = "file_state_invalid", _("file state answer invalid")
     RECIPIENT_REFUSED = "recipient_refused", _("recipient refused")
     SENDER_REFUSED = "sender_refused", _("sender refused")
     MESSAGE_REJECTED = "message_rejected", _("message rejected")

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from fabrika_django import EmailDeliveryError
 from fabrika_django.jobs import registry
-from fabrika_django.models import SentMail
+from fabrika_django.models import Outcome, SentMail
 from fabrika_django.testing import run_job
 from testproject.mailers import mail_settings
 from testproject.outbox.models import OutboxMail, Person
@@ -174,6 +174,49 @@ def test_a_file_state_that_answers_no_state_is_a_configuration_error_naming_the_
         "return 'live', 'pending', 'quarantined' or 'rejected'."
     )
     assert not SentMail.objects.exists()
+
+
+def raising_file_state(field_file):
+    raise RuntimeError("scanner down for ada@example.org")
+
+
+def unhashable_file_state(field_file):
+    return ["live"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("callable_name", "code", "text", "may"),
+    [
+        (
+            "raising_file_state",
+            "file_state_failed",
+            "FABRIKA['FILE_STATE'] raised RuntimeError for attachment 1; nothing was sent: a later attempt asks it "
+            "again.",
+            True,
+        ),
+        (
+            "unhashable_file_state",
+            "file_state_invalid",
+            "FABRIKA['FILE_STATE'] answered a list for attachment 1; nothing was sent: return 'live', 'pending', "
+            "'quarantined' or 'rejected'.",
+            False,
+        ),
+    ],
+)
+def test_a_file_state_that_raises_or_answers_something_unhashable_is_a_delivery_error(
+    media, settings, callable_name, code, text, may
+):
+    settings.FABRIKA = dict(settings.FABRIKA, FILE_STATE=f"{__name__}.{callable_name}")
+    row = _row()
+    with pytest.raises(EmailDeliveryError) as refused:
+        _mailer(mode="locmem").send(**_message(attachments=[row.attachment]))
+    assert (refused.value.code, refused.value.outcome, str(refused.value)) == (code, "not_sent", text)
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    assert "ada@example.org" not in str(refused.value)
+    assert _mailer(mode="none").may_retry(refused.value) is may
+    assert code in Outcome.values
+    assert not SentMail.objects.exists() and django_mail.outbox == []
 
 
 def test_the_file_codes_are_outcomes_and_only_file_not_ready_may_retry():
