@@ -130,6 +130,11 @@ class Command(BaseCommand):
         worker.add_argument(
             "--metrics-port", type=_port, metavar="PORT", help="serve the worker's Prometheus metrics on this port"
         )
+        worker.add_argument(
+            "--metrics-addr",
+            metavar="ADDR",
+            help="the address the metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+        )
 
         crontab = action("crontab", "Print a crontab (UTC) that runs each scheduled job, for hosts without a worker.")
         crontab.add_argument("--manage-py", metavar="PATH", help="the manage.py the lines call (found by default)")
@@ -192,12 +197,20 @@ class Command(BaseCommand):
             )
 
     def _handle_worker(
-        self, *, concurrency: int | None, only: list[str] | None, metrics_port: int | None, **options: Any
+        self,
+        *,
+        concurrency: int | None,
+        only: list[str] | None,
+        metrics_port: int | None,
+        metrics_addr: str | None,
+        **options: Any,
     ) -> None:
         for name in only or ():
             registry.get(name)
+        if metrics_addr is not None and metrics_port is None:
+            raise _usage("--metrics-addr needs --metrics-port: give the port the metrics are served on.")
         if metrics_port is not None:
-            _serve_metrics(metrics_port)
+            _serve_metrics(metrics_port, metrics_addr or "127.0.0.1")
         kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
         if concurrency is not None:
             kwargs["concurrency"] = concurrency
@@ -336,15 +349,17 @@ class Command(BaseCommand):
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
 
 
-def _serve_metrics(port: int) -> None:
-    """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken)."""
+def _serve_metrics(port: int, addr: str) -> None:
+    """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken, no such
+    address)."""
     try:
-        _metrics.serve(port)
+        _metrics.serve(port, addr)
     except ImproperlyConfigured as exc:
         raise _usage(str(exc)) from None
     except OSError as exc:
         raise _usage(
-            f"Cannot serve metrics on port {port} ({exc.strerror or type(exc).__name__}): choose another port."
+            f"Cannot serve metrics on {addr} port {port} ({exc.strerror or type(exc).__name__}): choose another "
+            "address or port."
         ) from None
 
 
