@@ -75,19 +75,21 @@ def _usage(message: str) -> CommandError:
     return CommandError(message, returncode=2)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"give a whole number of 1 or more, not {text!r}")
+def _whole_number(text: str) -> int | None:
+    """The value of ASCII digits, else None: ``int()`` also takes "٣", "+3", " 3" and "3_000"."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _concurrency(text: str) -> int:
+    value = _whole_number(text)
+    if value is None or not 1 <= value <= worker.MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"give a whole number from 1 to {worker.MAX_CONCURRENCY}, not {text!r}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if not 1 <= value <= 65535:
+    value = _whole_number(text)
+    if value is None or not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"give a TCP port from 1 to 65535, not {text!r}")
     return value
 
@@ -125,7 +127,9 @@ class Command(BaseCommand):
         run.add_argument("name", help="the job's name (see 'fabrika_job list')")
 
         worker = action("worker", "Fire schedules, take kicks and run jobs until SIGTERM or SIGINT.")
-        worker.add_argument("--concurrency", type=_positive_int, help="how many runs at once, of any jobs and lanes")
+        worker.add_argument(
+            "--concurrency", type=_concurrency, help="how many runs at once, of any jobs and lanes (at most 256)"
+        )
         worker.add_argument("--only", type=_job_names, metavar="NAME,NAME", help="run only these jobs")
         worker.add_argument(
             "--metrics-port", type=_port, metavar="PORT", help="serve the worker's Prometheus metrics on this port"
