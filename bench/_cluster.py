@@ -8,6 +8,7 @@ the end, also when the bench fails. The machine's own clusters (``main`` and any
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -34,15 +35,23 @@ def _version() -> str:
 class PrivateCluster:
     """``with PrivateCluster() as cluster:`` a started cluster of this process's own; ``cluster.url(name)``."""
 
-    def __init__(self, *, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, role: str = "db", *, settings: dict[str, str] | None = None, standby_of: PrivateCluster | None = None
+    ) -> None:
         self.version = _version()
-        self.name = f"{PREFIX}{os.getpid()}"
+        self.name = f"{PREFIX}{os.getpid()}_{role}"
+        #: A streaming standby of that cluster (a base backup of it, following its WAL) instead of a new one.
+        self.standby_of = standby_of
         self.port = _free_port()
         self.settings = {"listen_addresses": "127.0.0.1", **(settings or {})}
 
     @property
     def config_dir(self) -> Path:
         return Path("/etc/postgresql") / self.version / self.name
+
+    @property
+    def data_dir(self) -> Path:
+        return Path("/var/lib/postgresql") / self.version / self.name
 
     def url(self, database: str = "postgres") -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
@@ -53,6 +62,8 @@ class PrivateCluster:
             # Debian's postgresql.conf reads conf.d/ last: the bench's own settings win there.
             lines = "".join(f"{key} = '{value}'\n" for key, value in self.settings.items())
             (self.config_dir / "conf.d" / "bench.conf").write_text(lines)
+            if self.standby_of is not None:
+                self._copy_primary(self.standby_of)
             self.start()
         except BaseException:
             self.__exit__(None, None, None)
@@ -63,6 +74,18 @@ class PrivateCluster:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self._run("pg_dropcluster", "--stop", self.version, self.name, check=False)
+
+    def _copy_primary(self, primary: PrivateCluster) -> None:
+        """Replace the new cluster's data with a base backup of ``primary`` that follows its WAL (``-R``)."""
+        for entry in self.data_dir.iterdir():  # the folder stays: it is the postgres user's, with its mode
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        binary = f"/usr/lib/postgresql/{self.version}/bin/pg_basebackup"
+        self._run("runuser", "-u", "postgres", "--", binary, "-h", "127.0.0.1", "-p", str(primary.port),
+                  "-U", "postgres", "-D", str(self.data_dir), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
+
+    def promote(self) -> None:
+        """End recovery: the standby takes writes (``pg_ctlcluster promote``, which waits for it)."""
+        self._ctl("promote")
 
     def start(self) -> None:
         self._ctl("start")

@@ -39,7 +39,13 @@ from pathlib import Path
 from ._cluster import PrivateCluster
 from ._setup import WorkerProcess, create_database, out, setup_django
 
+#: Run in this process, on one private cluster.
 EXPERIMENTS = ("kills", "cuts", "restart", "freeze", "poison")
+#: Each run in a process of its own, on servers of its own; the module, its arguments.
+SEPARATE = {
+    "failover": ("bench._failover", []),
+    "failover-async": ("bench._failover", ["--asynchronous"]),
+}
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
 ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row drain outlasts 20 kills
@@ -393,19 +399,22 @@ def _footer(results: list[dict], doubles: int) -> None:
     out("frozen transaction's commit; crashed: attempts recorded 'crashed' (a SIGKILL's are; a cut's should not be)")
 
 
+_ALL = (*EXPERIMENTS, *SEPARATE)
+
+
 def _experiments(value: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in EXPERIMENTS]
+    unknown = [name for name in names if name not in _ALL]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown experiment {unknown[0] if unknown else value!r}: "
-                                         f"choose from {', '.join(EXPERIMENTS)}")  # fmt: skip
+                                         f"choose from {', '.join(_ALL)}")  # fmt: skip
     return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiments", type=_experiments, default=list(EXPERIMENTS),
-                        help=f"comma-separated, of {','.join(EXPERIMENTS)} (default: all)")  # fmt: skip
+    parser.add_argument("--experiments", type=_experiments, default=list(_ALL),
+                        help=f"comma-separated, of {','.join(_ALL)} (default: all)")  # fmt: skip
     parser.add_argument("--rows", type=int, default=20_000, help="rows of the kill experiment's drain")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--cuts", type=int, default=10)
@@ -414,12 +423,24 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="give up after this long")
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs and print their paths")
     args = parser.parse_args()
-    with PrivateCluster() as cluster:
-        out(f"a private PostgreSQL {cluster.version} cluster on port {cluster.port} (dropped at the end)")
-        _run(args, cluster)
+    here = [name for name in args.experiments if name in EXPERIMENTS]
+    if here:
+        with PrivateCluster() as cluster:
+            out(f"a private PostgreSQL {cluster.version} cluster on port {cluster.port} (dropped at the end)")
+            _run(args, here, cluster)
+    failed = 0
+    for name in (name for name in args.experiments if name in SEPARATE):
+        module, extra = SEPARATE[name]
+        out(f"--- {name} (its own servers, in a process of its own)")
+        sys.stdout.flush()
+        rows = ["--rows", str(max(300, args.rows // 6)), "--minutes", str(args.minutes)]
+        failed |= subprocess.run(
+            [sys.executable, "-m", module, *rows, *extra], cwd=Path(__file__).parent.parent
+        ).returncode
+    sys.exit(1 if failed else 0)
 
 
-def _run(args: argparse.Namespace, cluster: PrivateCluster) -> None:
+def _run(args: argparse.Namespace, names: list[str], cluster: PrivateCluster) -> None:
     url = cluster.url("fabrika_chaos")
     create_database(url)
     _commit_without_flush(url)
@@ -436,7 +457,7 @@ def _run(args: argparse.Namespace, cluster: PrivateCluster) -> None:
     }
     _header()
     try:
-        for name in args.experiments:
+        for name in names:
             result = experiments[name]()
             results.append(result)
             _line(result)
