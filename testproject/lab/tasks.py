@@ -86,3 +86,8 @@ def loses_the_lease():
     Lease.objects.filter(job="tasks.default.default").update(token=uuid.uuid4())
     time.sleep(1.5)
     return "late"
+
+
+@task
+def returns_nan():
+    return float("nan")
