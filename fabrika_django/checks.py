@@ -15,7 +15,7 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   relative, the root, or holding the project, its settings, an app, ``STATIC_ROOT``, ``sys.prefix`` or the working
   directory)
 - E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
-  (reported by the backend's own ``check()``, which Django's tasks checks call)
+  (``_tasks_checks``; also the backend's own ``check()``, where Django's tasks checks run and fabrika's do not)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 - W040 a MariaDB/MySQL database whose transactions would not run at READ COMMITTED (``_isolation.py``)
@@ -37,6 +37,7 @@ from django.utils.module_loading import import_string
 from . import (
     _health,
     _isolation,  # noqa: F401  registers fabrika.W040
+    _tasks_checks,
 )
 from .conf import DEFAULTS
 from .jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
@@ -404,3 +405,8 @@ def _check_queue_tables_vacuum(
         )
         for finding in _health._queue_bloat(_health.DEFAULT_THRESHOLDS)
     ]
+
+
+# fabrika.E040, registered here (not where it is defined: the backend imports that module, and a check registered
+# by a backend made while the checks run would miss that run).
+checks.register("fabrika")(_tasks_checks.check_tasks_backends)
