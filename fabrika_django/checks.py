@@ -41,7 +41,7 @@ from . import (
 )
 from .conf import DEFAULTS
 from .jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
-from .schedule import Schedule, normalize
+from .schedule import RULE, Schedule, normalize
 
 _QUEUE_OPTIONS = ("max_attempts",)
 _DECLARE_HINT = "Declare the job with @cron(...), which checks its arguments at import."
@@ -89,8 +89,7 @@ def _check_job(job: CronJob) -> list[checks.CheckMessage]:
             _job_error(
                 job,
                 f"has schedule {job.schedule!r}, which is {reason}",
-                "Give five cron fields in UTC (e.g. '15 * * * *'), a macro such as '@hourly', or None. "
-                + _DECLARE_HINT,
+                f"Give {RULE}, or None. " + _DECLARE_HINT,
                 "fabrika.E001",
             )
         )
