@@ -13,7 +13,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   E034 ``OWN_MAIL_SENDER`` that does not import to a callable, E035 ``FILE_STATE`` that does not import to a
   callable, E036 a bad ``FILE_SWEEP``, E037 a ``FILE_SWEEP`` storage whose folder is no media folder (empty,
   relative, the root, or holding the project, its settings, an app, ``STATIC_ROOT``, ``sys.prefix`` or the working
-  directory)
+  directory), E038 a bad ``HEALTH`` (not a dict, an unknown key, a value that is no positive number, a ratio above
+  1, an error threshold below its warning threshold)
 - E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
   (``_tasks_checks``; also the backend's own ``check()``, where Django's tasks checks run and fabrika's do not)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
@@ -370,6 +371,7 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         from ._sweep import check_setting
 
         errors.extend(check_setting(configured["FILE_SWEEP"]))
+    errors.extend(_health.check_setting(configured.get("HEALTH")))
     return errors
 
 
@@ -402,7 +404,7 @@ def _check_queue_tables_vacuum(
             obj=finding.queue,
             id="fabrika.W054",
         )
-        for finding in _health._queue_bloat(_health.DEFAULT_THRESHOLDS)
+        for finding in _health._queue_bloat(_health.configured_thresholds())
     ]
 
 
