@@ -95,3 +95,8 @@ def effect(n):
     from .models import Effect
 
     Effect.objects.get_or_create(item=-n, defaults={"pid": os.getpid()})
+
+
+@task
+def returns_nan():
+    return float("nan")
