@@ -24,7 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _metrics, _prepared
+from . import _prepared
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
 from ._tasks_compat import (
@@ -42,6 +42,7 @@ from .backoff import MAX_ROW_BACKOFF
 from .conf import settings
 from .exceptions import VersionConflict
 from .kicks import request_run
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,10 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from . import (
-    _health,
-    _isolation,  # noqa: F401  registers fabrika.W040
-)
+from . import _isolation  # noqa: F401  registers fabrika.W040
 from .conf import DEFAULTS
 from .jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
+from .ops import _health
 from .schedule import Schedule, normalize
 
 _QUEUE_OPTIONS = ("max_attempts",)
@@ -367,7 +365,7 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         )
     )
     if "FILE_SWEEP" in configured:
-        from ._sweep import check_setting
+        from .ops._sweep import check_setting
 
         errors.extend(check_setting(configured["FILE_SWEEP"]))
     return errors

@@ -560,7 +560,7 @@ def test_reserving_a_key_is_one_statement_whether_the_key_is_new_or_taken():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from fabrika_django.mail import _Ledger
+    from fabrika_django.mail._mailer import _Ledger
 
     ledger = _Ledger("a" * 64, "b" * 64)
     with CaptureQueriesContext(connection) as first:

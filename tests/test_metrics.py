@@ -11,8 +11,9 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabrika_django import _metrics, kick, runner
+from fabrika_django import kick, runner
 from fabrika_django.models import Job, KickRequest
+from fabrika_django.ops import _metrics
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder

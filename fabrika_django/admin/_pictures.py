@@ -9,8 +9,8 @@ from typing import Any
 
 from django.utils.text import slugify
 
-from .._charts import Series, legend, lines, stacked_bars
-from .._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
+from ..ops._charts import Series, legend, lines, stacked_bars
+from ..ops._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
 
 _BAND_LABELS = {
     "succeeded": "succeeded",

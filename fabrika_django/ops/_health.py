@@ -16,10 +16,11 @@ from typing import Any
 
 from django.db import connections, models, router
 
-from . import _jobstate, _report  # modules, not their names: _report imports this one too
+from .. import _jobstate
+from ..jobs import registry
+from ..models import Job
+from . import _report  # the module, not its names: _report imports this one too
 from ._history import dead_at_last_look
-from .jobs import registry
-from .models import Job
 
 
 @dataclass(frozen=True)

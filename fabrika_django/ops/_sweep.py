@@ -37,13 +37,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections, router, transaction
 from django.db.models import FileField, Model
 
-from ._running import framework_write
-from .conf import settings
+from .._running import framework_write
+from ..conf import settings
 
 if TYPE_CHECKING:
     from django.core.files.storage import Storage
 
-    from .context import JobContext
+    from ..context import JobContext
 
 #: Candidates per deleting step: how long the referencing tables wait for writers, and the memory a batch holds.
 BATCH = 500
@@ -520,8 +520,8 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
         counts = kept.format(days=config["older_than_days"], **vars(report))
         out.stdout.write(f"Would delete {report.deleted} files ({counts}); deleted nothing.")
         return
-    from . import runner
-    from .jobs import registry
+    from .. import runner
+    from ..jobs import registry
 
     result = runner.run(registry.get("fabrika_sweep_files"), "manual")
     done = _last_reports.pop(str(result.run_id), None)

@@ -14,11 +14,11 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state, state_q, waiting_q
-from .exceptions import VersionConflict
-from .jobs import registry, task_job_name
-from .kicks import kick
-from .queues import QueueManager, QueueQuerySet, _now, _refuse_own_fields, _update_row
+from .._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state, state_q, waiting_q
+from ..exceptions import VersionConflict
+from ..jobs import registry, task_job_name
+from ..kicks import kick
+from ..queues import QueueManager, QueueQuerySet, _now, _refuse_own_fields, _update_row
 
 FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
 

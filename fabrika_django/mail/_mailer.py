@@ -37,13 +37,13 @@ from django.db import IntegrityError, transaction
 from django.db.models.fields.files import FieldFile
 from django.utils.module_loading import import_string
 
+from .._running import active_run, framework_write
+from ..conf import settings
+from ..exceptions import CapabilityRefused, EmailDeliveryError
 from ._envelope import Envelope
-from ._running import active_run, framework_write
-from .conf import settings
-from .exceptions import CapabilityRefused, EmailDeliveryError
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from ..context import JobContext
 
 logger = logging.getLogger("fabrika_django.mail")
 
@@ -444,7 +444,7 @@ class _Ledger:
 
     def reserve(self, provider: str, *, deduplicates: bool) -> SendResult | None:
         """Mark the key ``sending``; answer the earlier acceptance instead, or refuse, when it was used."""
-        from .models import SentMail
+        from ..models import SentMail
 
         for _ in range(3):  # a concurrent try can move the row between the read and the write
             if self._insert_sending(provider):
@@ -488,7 +488,7 @@ class _Ledger:
         from django.db import connections, router
         from django.utils import timezone
 
-        from .models import SentMail
+        from ..models import SentMail
 
         alias = router.db_for_write(SentMail)
         connection = connections[alias]
@@ -537,7 +537,7 @@ class _Ledger:
     def accepted(self, result: SendResult) -> None:
         from django.utils import timezone
 
-        from .models import SentMail
+        from ..models import SentMail
 
         with framework_write():  # one statement: its own transaction
             SentMail.objects.filter(key_hash=self.key_hash).update(
@@ -549,13 +549,13 @@ class _Ledger:
 
     def release(self) -> None:
         """Forget the reservation: the message did not leave, so the next try sends it afresh."""
-        from .models import SentMail
+        from ..models import SentMail
 
         with framework_write():
             SentMail.objects.filter(key_hash=self.key_hash, state="sending", content_hash=self.content_hash).delete()
 
     def _move(self, old: str, new: str) -> bool:
-        from .models import SentMail
+        from ..models import SentMail
 
         with framework_write():
             return bool(SentMail.objects.filter(key_hash=self.key_hash, state=old).update(state=new))

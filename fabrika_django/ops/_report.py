@@ -18,10 +18,11 @@ from django.db import connections, models, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import _health, _jobstate
-from ._queuestate import not_done_q, q_sql, state_sql
-from .jobs import registry
-from .models import QueueModel
+from .. import _jobstate
+from .._queuestate import not_done_q, q_sql, state_sql
+from ..jobs import registry
+from ..models import QueueModel
+from . import _health
 
 
 @dataclass
