@@ -365,7 +365,7 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         )
     )
     if "FILE_SWEEP" in configured:
-        from .ops._sweep import check_setting
+        from .ops._sweep_setting import check_setting
 
         errors.extend(check_setting(configured["FILE_SWEEP"]))
     return errors

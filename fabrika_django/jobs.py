@@ -278,7 +278,7 @@ def _prune_mail_ledger(ctx: JobContext) -> None:
 @cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
 def sweep_files(ctx: JobContext) -> None:
     """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
-    from .ops._sweep import run_in_job
+    from .ops._sweep_job import run_in_job
 
     run_in_job(ctx)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack
@@ -31,32 +30,23 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.conf import settings as django_settings
-from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections, router, transaction
 from django.db.models import FileField, Model
 
 from .._running import framework_write
-from ..conf import settings
+from .._sql import ops as sql
 
 if TYPE_CHECKING:
     from django.core.files.storage import Storage
 
-    from ..context import JobContext
 
 #: Candidates per deleting step: how long the referencing tables wait for writers, and the memory a batch holds.
 BATCH = 500
 _LOCK_TRIES = 50
-_KEYS = ("storages", "older_than_days")
-
-#: Tests set this to ``f(point, names)``, called at "listed" (a batch found unreferenced, before its deleting
-#: step), "busy" (a writer holds a referencing table) and "locked" (re-checked under the lock, before deleting).
-_test_hook: Callable[[str, list[str]], None] | None = None
 
 
 @dataclass
-class _Report:
+class SweepReport:
     """What a sweep did, in counts (never names)."""
 
     deleted: int = 0
@@ -115,36 +105,6 @@ class _Reference:
         return None, ""
 
 
-def configured() -> dict[str, Any] | None:
-    value = settings.FILE_SWEEP
-    return value if isinstance(value, dict) else None
-
-
-def run_in_job(ctx: JobContext) -> _Report | None:
-    """The built-in job's body: one sweep of every configured storage, fenced by the job's lease."""
-    config = configured()
-    if config is None:
-        ctx.log.debug("File sweep not configured (FABRIKA['FILE_SWEEP'])")
-        return None
-    problems = check_setting(config)
-    if problems:  # `manage.py check` says so too; never guess what a bad setting meant to keep
-        raise ImproperlyConfigured(f"{problems[0].msg} {problems[0].hint}")
-    report = sweep(
-        config,
-        now=ctx.now(),
-        transaction_for=lambda alias: ctx.transaction(using=alias),
-        check_abort=ctx.signal.throw_if_aborted,
-    )
-    _last_reports.clear()  # one run at a time per process (the job's lease): keep only the latest
-    _last_reports[str(ctx.run_id)] = report
-    ctx.log.info("Swept files %s", report.line())
-    return report
-
-
-#: The report of each run of this process, by run id, for ``fabrika_job sweep-files`` to print.
-_last_reports: dict[str, _Report] = {}
-
-
 def sweep(
     config: dict[str, Any],
     *,
@@ -153,13 +113,13 @@ def sweep(
     on_orphan: Callable[[str, str], None] | None = None,
     transaction_for: Callable[[str], AbstractContextManager[Any]] | None = None,
     check_abort: Callable[[], None] = lambda: None,
-) -> _Report:
+) -> SweepReport:
     """Sweep each storage of ``config``; with ``dry_run``, delete nothing and tell ``on_orphan(storage, name)``."""
     from django.core.files.storage import storages
 
     moment = now or datetime.now(UTC)
     cutoff = (moment - timedelta(days=config["older_than_days"])).timestamp()
-    report = _Report()
+    report = SweepReport()
     for alias in config["storages"]:
         storage = storages[alias]
         swept_root = _root(storage)
@@ -175,14 +135,8 @@ def sweep(
                         on_orphan(alias, name)
                 report.deleted += len(orphans)
                 continue
-            _hook("listed", orphans)
             _delete(storage, orphans, references, swept_root, cutoff, report, transaction_for or _atomic, check_abort)
     return report
-
-
-def _hook(point: str, names: list[str]) -> None:
-    if _test_hook is not None:
-        _test_hook(point, names)
 
 
 def _atomic(alias: str) -> AbstractContextManager[Any]:
@@ -214,7 +168,7 @@ def _references(swept_root: str | None) -> list[_Reference]:
     return list(references.values())
 
 
-def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Report) -> Iterator[str]:
+def _old_files(storage: Storage, root: str | None, cutoff: float, report: SweepReport) -> Iterator[str]:
     """Stream the names of the storage's files modified before ``cutoff`` (a timestamp)."""
     listing = _walk_directory(root) if root is not None else _walk_storage(storage, "")
     for name, modified in listing:
@@ -282,7 +236,7 @@ def _batches(names: Iterator[str]) -> Iterator[list[str]]:
 
 
 def _unreferenced(
-    batch: list[str], references: list[_Reference], swept_root: str | None, report: _Report, *, lock: bool
+    batch: list[str], references: list[_Reference], swept_root: str | None, report: SweepReport, *, lock: bool
 ) -> list[str]:
     """The names of ``batch`` that no file column holds; ``lock``: the deleting step's re-check."""
     held: set[str] = set()
@@ -301,12 +255,10 @@ def _values_held(reference: _Reference, values: list[str], *, lock: bool) -> lis
     """The values among ``values`` that the column holds in some row."""
     connection = connections[reference.alias]
     if connection.vendor == "postgresql":
-        # One array parameter, not one placeholder per name: a query of 500 placeholders costs more to bind
-        # on the client than to run.
         table = connection.ops.quote_name(reference.model._meta.db_table)
         column = connection.ops.quote_name(reference.db_column)
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {column} FROM {table} WHERE {column} = ANY(%s)", [values])  # noqa: S608
+            cursor.execute(sql.SWEEP_VALUES_HELD.format(column=column, table=table), [values])
             return [row[0] for row in cursor.fetchall()]
     rows = reference.model._base_manager.using(reference.alias).filter(**{f"{reference.column}__in": values})
     if lock and connection.vendor != "sqlite":
@@ -320,7 +272,7 @@ def _delete(
     references: list[_Reference],
     swept_root: str | None,
     cutoff: float,
-    report: _Report,
+    report: SweepReport,
     transaction_for: Callable[[str], AbstractContextManager[Any]],
     check_abort: Callable[[], None],
 ) -> None:
@@ -335,13 +287,11 @@ def _delete(
                 still = _unreferenced(orphans, references, swept_root, report, lock=True)
                 still = [name for name in still if _still_old(swept_root, name, cutoff)]
                 report.kept_on_recheck += len(orphans) - len(still)
-                _hook("locked", still)
                 for name in still:
                     storage.delete(name)
                 report.deleted += len(still)
                 return
         except _Busy:
-            _hook("busy", orphans)
             check_abort()
             time.sleep(min(0.05 * (tries + 1), 1.0))
     report.busy_batches += 1
@@ -373,7 +323,7 @@ def _stop_writers(alias: str, references: list[_Reference]) -> None:
         try:
             with connection.cursor() as cursor:
                 # NOWAIT: never queue behind a writer (and so never join a deadlock); the batch is tried again.
-                cursor.execute(f"LOCK TABLE {', '.join(tables)} IN SHARE MODE NOWAIT")
+                cursor.execute(sql.SWEEP_STOP_WRITERS.format(tables=", ".join(tables)))
         except OperationalError as error:
             if _sqlstate(error) == "55P03":  # lock_not_available
                 raise _Busy from None
@@ -386,156 +336,9 @@ def _stop_writers(alias: str, references: list[_Reference]) -> None:
         table = connection.ops.quote_name(model._meta.db_table)
         column = connection.ops.quote_name(model._meta.pk.column or "id")
         with framework_write(), connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {table} SET {column} = {column} WHERE 1 = 0")  # noqa: S608 - quoted names
+            cursor.execute(sql.SWEEP_TAKE_WRITE_LOCK.format(table=table, column=column))
 
 
 def _sqlstate(error: BaseException) -> str | None:
     cause = error.__cause__
     return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-
-
-# -- the setting ----------------------------------------------------------------------------------------------------
-
-
-def check_setting(value: object) -> list[checks.CheckMessage]:
-    """``fabrika.E036``: FILE_SWEEP is None or {"storages": [aliases of STORAGES], "older_than_days": whole days}."""
-    hint = (
-        "Set FABRIKA['FILE_SWEEP'] = {'storages': ['default'], 'older_than_days': 7}: the aliases of STORAGES whose "
-        "unreferenced files may go, and the days a file is kept before that; or None for no sweep."
-    )
-
-    def error(problem: str) -> list[checks.CheckMessage]:
-        return [checks.Error(f"Setting FABRIKA['FILE_SWEEP'] {problem}.", hint=hint, id="fabrika.E036")]
-
-    if value is None:
-        return []
-    if not isinstance(value, dict):
-        return error(f"is a {type(value).__name__}, not a dict")
-    unknown = sorted(str(key) for key in value if key not in _KEYS)
-    if unknown:
-        return error(f"has unknown key {unknown[0]!r} (it takes 'storages' and 'older_than_days')")
-    days = value.get("older_than_days")
-    if not isinstance(days, int) or isinstance(days, bool) or days < 1:
-        return error(f"has older_than_days={days!r}, which is not a whole number of days, 1 or more")
-    aliases = value.get("storages")
-    if not isinstance(aliases, list | tuple) or not aliases or not all(isinstance(a, str) for a in aliases):
-        return error("has no list of storage aliases under 'storages'")
-    known = getattr(django_settings, "STORAGES", {})
-    for alias in aliases:
-        if alias not in known:
-            return error(f"names storage {alias!r}, which is not in STORAGES ({', '.join(sorted(known))})")
-        if alias == "staticfiles":
-            return error("names 'staticfiles': no file column references a static file, so it would empty it")
-    from django.core.files.storage import storages
-
-    for alias in aliases:
-        problem = unsafe_location(storages[alias])
-        if problem:
-            return [
-                checks.Error(
-                    f"Storage {alias!r} of FABRIKA['FILE_SWEEP'] has a location that {problem}: the sweep would "
-                    "delete files that are not media.",
-                    hint="Give the storage an absolute folder of its own for uploaded files (MEDIA_ROOT, or "
-                    "STORAGES[...]['OPTIONS']['location']), outside the project and its code.",
-                    obj=alias,
-                    id="fabrika.E037",
-                )
-            ]
-    return []
-
-
-def unsafe_location(storage: Storage) -> str | None:
-    """Why a file system storage's folder is no place to sweep, or None where it is (or it is no file system).
-
-    Django makes an unset ``MEDIA_ROOT`` (``''``) the working directory, and a relative one follows the working
-    directory wherever the worker starts: the sweep would then delete the project's own files. So the folder must
-    be given, absolute, not the filesystem's root, and hold none of the places code and configuration live in (a
-    folder equal to one of them holds it).
-    """
-    from django.core.files.storage import FileSystemStorage
-
-    if not isinstance(storage, FileSystemStorage):
-        return None
-    # base_location is the location as configured (OPTIONS["location"], else MEDIA_ROOT), before FileSystemStorage
-    # makes it absolute against the working directory; location is that absolute form.
-    configured = os.fspath(storage.base_location or "")
-    if not configured:
-        return "is empty (MEDIA_ROOT unset), so it is the working directory"
-    if not os.path.isabs(configured):
-        return f"is relative ({configured}), so it is wherever the worker starts"
-    folder = os.path.realpath(configured)
-    if os.path.dirname(folder) == folder:
-        return "is the filesystem root"
-    for what, path in _places_never_swept():
-        place = os.path.realpath(path)
-        if place == folder or place.startswith(folder.rstrip(os.sep) + os.sep):
-            return f"contains {what} ({path})"
-    return None
-
-
-def _places_never_swept() -> Iterator[tuple[str, str]]:
-    """The project's code and configuration, the interpreter's installation and the working directory."""
-    base_dir = getattr(django_settings, "BASE_DIR", None)
-    if base_dir:
-        yield "BASE_DIR", os.fspath(base_dir)
-    # Under override_settings SETTINGS_MODULE reads None; the environment still names the module Django loaded.
-    module_name = getattr(django_settings, "SETTINGS_MODULE", None) or os.environ.get("DJANGO_SETTINGS_MODULE")
-    settings_module = sys.modules.get(module_name or "")
-    settings_file = getattr(settings_module, "__file__", None)
-    if settings_file:
-        yield "the settings module", settings_file
-    yield "sys.prefix", sys.prefix
-    static_root = getattr(django_settings, "STATIC_ROOT", None)
-    if static_root:
-        yield "STATIC_ROOT", os.fspath(static_root)
-    yield "the working directory", os.getcwd()
-    for app_config in apps.get_app_configs():
-        yield f"the installed app {app_config.name}", app_config.path
-
-
-# -- manage.py fabrika_job sweep-files ------------------------------------------------------------------------------
-
-
-def command(out: Any, *, dry_run: bool, **options: Any) -> None:
-    """``fabrika_job sweep-files [--dry-run]``: a run of the built-in job, or a listing of what it would delete."""
-    from django.core.management.base import CommandError
-
-    config = configured()
-    problems = check_setting(settings.FILE_SWEEP) if settings.FILE_SWEEP is not None else []
-    if config is None or problems:
-        if problems:
-            raise CommandError(f"{problems[0].msg} {problems[0].hint} Nothing was deleted.", returncode=2)
-        raise CommandError(
-            "Setting FABRIKA['FILE_SWEEP'] is not set. Turn the sweep on with FABRIKA['FILE_SWEEP'] = "
-            "{'storages': ['default'], 'older_than_days': 7}.",
-            returncode=2,
-        )
-    kept = "kept: {referenced} referenced, {recent} newer than {days} days"
-    if dry_run:
-
-        def show(storage: str, name: str) -> None:
-            out.stdout.write(f"{storage}: {name if name.isprintable() else ascii(name)}")
-
-        report = sweep(config, dry_run=True, on_orphan=show)
-        counts = kept.format(days=config["older_than_days"], **vars(report))
-        out.stdout.write(f"Would delete {report.deleted} files ({counts}); deleted nothing.")
-        return
-    from .. import runner
-    from ..jobs import registry
-
-    result = runner.run(registry.get("fabrika_sweep_files"), "manual")
-    done = _last_reports.pop(str(result.run_id), None)
-    if result.outcome == "coalesced":
-        out.stdout.write("The file sweep is running elsewhere: marked pending, it runs once more after.")
-    elif not result.ok or done is None:
-        raise CommandError(
-            f"The file sweep failed: {result.outcome} (run {result.run_id}); files it deleted before stay deleted, "
-            "see its attempts in the admin.",
-            returncode=1,
-        )
-    else:
-        counts = kept.format(days=config["older_than_days"], **vars(done))
-        busy = f"; {done.busy_batches} batches left for the next sweep (writers held the tables)"
-        out.stdout.write(
-            f"Deleted {done.deleted} files ({counts}){busy if done.busy_batches else ''} (run {result.run_id})."
-        )

@@ -33,7 +33,7 @@ from fabrika_django._sessions import bound_idle_transactions
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
 from fabrika_django.models import QueueModel
-from fabrika_django.ops import _metrics, _report, _sweep
+from fabrika_django.ops import _metrics, _report, _sweep_job
 
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
 _COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -329,7 +329,7 @@ class Command(BaseCommand):
             )
 
     def _handle_sweep_files(self, **options: Any) -> None:
-        _sweep.command(self, **options)
+        _sweep_job.command(self, **options)
 
     def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
