@@ -8,7 +8,12 @@ Deleting a referenced file is the one thing it must never do, so:
 - A reference is any value of any ``FileField``/``ImageField`` of any installed model, whatever storage the field
   names: a name held anywhere keeps the file of that name, and on a file system so does the file a column of
   another storage points to (a storage inside, or around, the swept one: ``private/x.pdf`` of the default storage
-  is ``x.pdf`` to a storage in ``MEDIA_ROOT/private``). Names are compared exactly as stored.
+  is ``x.pdf`` to a storage in ``MEDIA_ROOT/private``). A value is compared in its storage's normal form too:
+  ``./a.csv``, ``a//b.csv``, ``a/x/../b.csv`` and an absolute path inside the storage's folder open the same file
+  as ``a.csv`` and ``a/b.csv``, so they keep it. A column whose storage is no ``FileSystemStorage`` but answers
+  ``path()`` (a subclass of another storage that writes to disk, ``InMemoryStorage``) is handled as a file system
+  storage at that folder: its names keep the files they would open there (keeping more is never a loss); a
+  storage without ``path()`` (S3 …) has its names compared as stored and in their plain normal form.
 - Candidates go in bounded batches, each checked twice: once when listed, and again in the deleting step, inside
   a transaction that first stops writers of the referencing tables (PostgreSQL: ``LOCK TABLE … IN SHARE MODE
   NOWAIT``, retried while a writer holds them; SQLite: the database's write lock; others: ``SELECT … FOR UPDATE``
@@ -23,18 +28,17 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
-from django.db import OperationalError, connections, router, transaction
-from django.db.models import FileField, Model
+from django.db import OperationalError, connections, transaction
 
 from .._running import framework_write
 from .._sql import ops as sql
+from ._sweep_references import Reference, file_columns, odd_values_held, values_held
 
 if TYPE_CHECKING:
     from django.core.files.storage import Storage
@@ -58,51 +62,11 @@ class SweepReport:
     skipped: int = 0
     #: Batches left for the next sweep because writers held the tables throughout.
     busy_batches: int = 0
+    #: Folders the worker may not read (their files are left, and so is what they hold).
+    unreadable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{name}={value}" for name, value in vars(self).items())
-
-
-@dataclass(frozen=True)
-class _Reference:
-    """One file column of one model, as seen from the swept storage."""
-
-    #: The model whose table holds the column (a parent's, for a field inherited through multi-table inheritance).
-    model: type[Model]
-    #: The field's name, for the ORM.
-    column: str
-    #: The column's name in the table, for the one raw query (PostgreSQL's ``= ANY(array)``).
-    db_column: str
-    alias: str
-    #: The field's storage's directory on this machine (resolved), or None for a storage not on a file system.
-    root: str | None = field(default=None)
-
-    def names(self, candidates: Iterable[str], swept_root: str | None) -> dict[str, set[str]]:
-        """Map each value this column could hold for a candidate to the candidates it would keep.
-
-        A candidate's own name always counts (a name held anywhere keeps the file, whatever storage the column
-        names); on a file system, so does the name the same file has in the column's storage.
-        """
-        drop, add = self._translation(swept_root)
-        mapped: dict[str, set[str]] = {}
-        for name in candidates:
-            mapped.setdefault(name, set()).add(name)
-            if drop is not None and name.startswith(drop):
-                mapped.setdefault(add + name[len(drop) :], set()).add(name)
-        return mapped
-
-    def _translation(self, swept_root: str | None) -> tuple[str | None, str]:
-        """How a name of the swept storage becomes one of the column's storage: drop a prefix, add a prefix.
-
-        Both roots are resolved and a listed name holds no "." or ".." part, so prefixes are exact.
-        """
-        if self.root is None or swept_root is None or self.root == swept_root:
-            return None, ""
-        if self.root.startswith(swept_root.rstrip(os.sep) + os.sep):  # the column's storage is inside
-            return os.path.relpath(self.root, swept_root).replace(os.sep, "/") + "/", ""
-        if swept_root.startswith(self.root.rstrip(os.sep) + os.sep):  # the column's storage is around it
-            return "", os.path.relpath(swept_root, self.root).replace(os.sep, "/") + "/"
-        return None, ""
 
 
 def sweep(
@@ -123,7 +87,7 @@ def sweep(
     for alias in config["storages"]:
         storage = storages[alias]
         swept_root = _root(storage)
-        references = _references(swept_root)
+        references = file_columns(swept_root)
         for batch in _batches(_old_files(storage, swept_root, cutoff, report)):
             check_abort()
             orphans = _unreferenced(batch, references, swept_root, report, lock=False)
@@ -154,23 +118,9 @@ def _root(storage: Storage) -> str | None:
     return os.path.realpath(storage.path(""))
 
 
-def _references(swept_root: str | None) -> list[_Reference]:
-    """Every file column of every installed model, once per table (proxies and children share their tables)."""
-    references: dict[tuple[str, str, str], _Reference] = {}
-    for model in apps.get_models():
-        for column in model._meta.concrete_fields:
-            if isinstance(column, FileField):
-                owner = column.model  # the table that holds it, also for a child of multi-table inheritance
-                alias = router.db_for_read(owner)
-                key = (alias, owner._meta.db_table, str(column.column))
-                if key not in references:
-                    references[key] = _Reference(owner, column.attname, key[2], alias, _root(column.storage))
-    return list(references.values())
-
-
 def _old_files(storage: Storage, root: str | None, cutoff: float, report: SweepReport) -> Iterator[str]:
     """Stream the names of the storage's files modified before ``cutoff`` (a timestamp)."""
-    listing = _walk_directory(root) if root is not None else _walk_storage(storage, "")
+    listing = _walk_directory(root, report) if root is not None else _walk_storage(storage, "")
     for name, modified in listing:
         if name is None:
             report.skipped += 1
@@ -183,18 +133,33 @@ def _old_files(storage: Storage, root: str | None, cutoff: float, report: SweepR
         yield name
 
 
-def _walk_directory(root: str) -> Iterator[tuple[str | None, float | None]]:
-    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay."""
+def _walk_directory(root: str, report: SweepReport) -> Iterator[tuple[str | None, float | None]]:
+    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay.
+
+    A folder the worker may not read is skipped and counted (``report.unreadable``): its files are none of the
+    sweep's business until an operator lets it read them, and its path never reaches a log.
+    """
     pending = [""]
     while pending:
         prefix = pending.pop()
-        with os.scandir(os.path.join(root, prefix) if prefix else root) as entries:
+        try:
+            entries = os.scandir(os.path.join(root, prefix) if prefix else root)
+        except PermissionError:
+            report.unreadable += 1
+            continue
+        with entries:
             for entry in entries:
                 name = f"{prefix}{entry.name}"
                 if entry.name.startswith(".") or not _storable(name):
                     yield None, None
                     continue
-                info = entry.stat(follow_symlinks=False)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since it was listed: nothing to sweep
+                    continue
+                except PermissionError:  # a folder listed but not searchable: none of its entries is readable
+                    report.unreadable += 1
+                    break
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(name + "/")
                 elif stat.S_ISREG(info.st_mode):
@@ -236,7 +201,7 @@ def _batches(names: Iterator[str]) -> Iterator[list[str]]:
 
 
 def _unreferenced(
-    batch: list[str], references: list[_Reference], swept_root: str | None, report: SweepReport, *, lock: bool
+    batch: list[str], references: list[Reference], swept_root: str | None, report: SweepReport, *, lock: bool
 ) -> list[str]:
     """The names of ``batch`` that no file column holds; ``lock``: the deleting step's re-check."""
     held: set[str] = set()
@@ -244,32 +209,19 @@ def _unreferenced(
         wanted = reference.names(batch, swept_root)
         if not wanted:
             continue
-        for value in _values_held(reference, list(wanted), lock=lock):
+        for value in values_held(reference, list(wanted), lock=lock):
             held.update(wanted.get(value, ()))
+        for value in odd_values_held(reference, lock=lock):
+            held.update(reference.normal_names(value, swept_root).intersection(batch))
     if not lock:
         report.referenced += len(held)
     return [name for name in batch if name not in held]
 
 
-def _values_held(reference: _Reference, values: list[str], *, lock: bool) -> list[str]:
-    """The values among ``values`` that the column holds in some row."""
-    connection = connections[reference.alias]
-    if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(reference.model._meta.db_table)
-        column = connection.ops.quote_name(reference.db_column)
-        with connection.cursor() as cursor:
-            cursor.execute(sql.SWEEP_VALUES_HELD.format(column=column, table=table), [values])
-            return [row[0] for row in cursor.fetchall()]
-    rows = reference.model._base_manager.using(reference.alias).filter(**{f"{reference.column}__in": values})
-    if lock and connection.vendor != "sqlite":
-        rows = rows.select_for_update()  # where no table lock was taken: hold what the re-check read
-    return list(rows.values_list(reference.column, flat=True))
-
-
 def _delete(
     storage: Storage,
     orphans: list[str],
-    references: list[_Reference],
+    references: list[Reference],
     swept_root: str | None,
     cutoff: float,
     report: SweepReport,
@@ -313,7 +265,7 @@ class _Busy(Exception):
     """A writer holds a referencing table: try the batch again shortly."""
 
 
-def _stop_writers(alias: str, references: list[_Reference]) -> None:
+def _stop_writers(alias: str, references: list[Reference]) -> None:
     """Hold off writers of the referencing tables until this transaction ends (see the module's docstring)."""
     connection = connections[alias]
     if connection.vendor == "postgresql":

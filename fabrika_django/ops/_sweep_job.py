@@ -60,7 +60,7 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             out.stdout.write(f"{storage}: {name if name.isprintable() else ascii(name)}")
 
         report = sweep(config, dry_run=True, on_orphan=show)
-        counts = kept.format(days=config["older_than_days"], **vars(report))
+        counts = kept.format(days=config["older_than_days"], **vars(report)) + _unreadable(report)
         out.stdout.write(f"Would delete {report.deleted} files ({counts}); deleted nothing.")
         return
     from .. import runner
@@ -77,8 +77,14 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             returncode=1,
         )
     else:
-        counts = kept.format(days=config["older_than_days"], **vars(done))
+        counts = kept.format(days=config["older_than_days"], **vars(done)) + _unreadable(done)
         busy = f"; {done.busy_batches} batches left for the next sweep (writers held the tables)"
         out.stdout.write(
             f"Deleted {done.deleted} files ({counts}){busy if done.busy_batches else ''} (run {result.run_id})."
         )
+
+
+def _unreadable(report: SweepReport) -> str:
+    if not report.unreadable:
+        return ""
+    return f"; {report.unreadable} folders skipped: the worker may not read them"

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from django.core.files.storage import Storage
 
 _KEYS = ("storages", "older_than_days")
+#: A grace period longer than this is no sweep at all, and past ~2.7 million days the cutoff leaves the calendar.
+MAX_DAYS = 36500
 
 
 def configured() -> dict[str, Any] | None:
@@ -44,8 +46,8 @@ def check_setting(value: object) -> list[checks.CheckMessage]:
     if unknown:
         return error(f"has unknown key {unknown[0]!r} (it takes 'storages' and 'older_than_days')")
     days = value.get("older_than_days")
-    if not isinstance(days, int) or isinstance(days, bool) or days < 1:
-        return error(f"has older_than_days={days!r}, which is not a whole number of days, 1 or more")
+    if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_DAYS:
+        return error(f"has older_than_days={days!r}, which is not a whole number of days from 1 to {MAX_DAYS}")
     aliases = value.get("storages")
     if not isinstance(aliases, list | tuple) or not aliases or not all(isinstance(a, str) for a in aliases):
         return error("has no list of storage aliases under 'storages'")
