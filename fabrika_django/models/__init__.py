@@ -1,8 +1,7 @@
 """``QueueModel``, the abstract base of a project's queue tables, and fabrika's own tables."""
 
+from ._queue import FAILURE_CODE, QueueModel
 from ._tables import (
-    FAILURE_CODE,
-    TASK_ATTEMPTS_CEILING,
     Attempt,
     AttemptHour,
     Claimer,
@@ -12,14 +11,12 @@ from ._tables import (
     Lease,
     Outcome,
     Overview,
-    QueuedTask,
-    QueueModel,
     QueueSample,
     SentMail,
-    TaskStatus,
     Trigger,
     _outcome_choices,
 )
+from ._tasks import TASK_ATTEMPTS_CEILING, QueuedTask, TaskStatus
 
 __all__ = [
     "FAILURE_CODE",
