@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from fabrika_django import kick
-from fabrika_django.checks import _check_queue_tables_vacuum
+from fabrika_django.checks._tables import _check_queue_tables_vacuum
 from fabrika_django.models import Job, QueueSample
 from fabrika_django.ops import _health
 from fabrika_django.ops._health import Thresholds, health_report

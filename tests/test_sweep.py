@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 
-from fabrika_django.checks import _check_settings
+from fabrika_django.checks._settings import _check_settings
 from fabrika_django.ops import _sweep
 from fabrika_django.testing import run_job
 from testproject.lab.models import Document

@@ -14,7 +14,7 @@ from django.core.files.storage import InMemoryStorage
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from fabrika_django.checks import _check_settings
+from fabrika_django.checks._settings import _check_settings
 from fabrika_django.testing import run_job
 from testproject.lab.models import Document
 from testproject.reports.models import ReportRequest
