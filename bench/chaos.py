@@ -45,6 +45,8 @@ EXPERIMENTS = ("kills", "cuts", "restart", "freeze", "poison")
 SEPARATE = {
     "failover": ("bench._failover", []),
     "failover-async": ("bench._failover", ["--asynchronous"]),
+    "partition": ("bench._partition", []),
+    "soak": ("bench._soak", []),
 }
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
@@ -54,14 +56,17 @@ ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row
 class Worker(WorkerProcess):
     """A ``fabrika_job worker`` process serving the chaos jobs; its log in a file of its own."""
 
-    def __init__(self, url: str, **env: object) -> None:
+    def __init__(
+        self, url: str, wrapper: tuple[str, ...] = (), only: str = "lab_chaos,lab_hold", **env: object
+    ) -> None:
         settings = {
             "FABRIKA_LEASE_SECONDS": LEASE_SECONDS,
             "FABRIKA_POLL_INTERVAL": POLL_INTERVAL,
             "FABRIKA_LOG_LEVEL": "INFO",
             "LAB_ITEM_SECONDS": ITEM_SECONDS,
         }
-        super().__init__(url, ["--only", "lab_chaos,lab_hold"], prefix="chaos-worker-", env={**settings, **env})
+        arguments = ["--only", only]
+        super().__init__(url, arguments, prefix="chaos-worker-", env={**settings, **env}, wrapper=wrapper)
 
     def started(self) -> bool:
         return "Worker started" in self.output()
@@ -168,6 +173,10 @@ def _effect_after(moment):  # type: ignore[no-untyped-def]
 
 
 def _settle(lab: Lab) -> None:
+    _settle_job(lab, "lab_chaos")
+
+
+def _settle_job(lab: Lab, job: str) -> None:
     """Bring the claimed-but-unfinished rows' backoff forward, as the clock would, until none waits."""
     from django.utils import timezone
 
@@ -176,7 +185,7 @@ def _settle(lab: Lab) -> None:
     from testproject.lab.models import Item
 
     def idle() -> bool:
-        return not Lease.objects.filter(job="lab_chaos", token__isnull=False).exists()
+        return not Lease.objects.filter(job=job, token__isnull=False).exists()
 
     for _ in range(12):
         lab.wait(
@@ -187,7 +196,7 @@ def _settle(lab: Lab) -> None:
         if not Item.objects.waiting().exists():
             return
         Item.objects.waiting().update(due=timezone.now())
-        kick("lab_chaos")
+        kick(job)
         lab.wait(lambda: not Item.objects.due_now().exists(), "the requeued rows to be taken", 60)
 
 

@@ -25,7 +25,7 @@ from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
 
-from . import _metrics, _prepared
+from . import _prepared
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
 from ._task_paths import TaskNotRegistered, task_of
@@ -44,6 +44,7 @@ from .backoff import MAX_ROW_BACKOFF
 from .conf import settings
 from .exceptions import VersionConflict
 from .kicks import request_run
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

@@ -227,7 +227,8 @@ def prune_history(ctx: JobContext) -> None:
     """Delete attempt history, queue samples and folded hours older than ``RUN_HISTORY_DAYS``, mail ledger keys
     older than ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in batches."""
     # Both import the models: this module is imported before the app registry is ready.
-    from . import _history, _jobstate
+    from . import _jobstate
+    from .ops import _history
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
     pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
@@ -283,7 +284,7 @@ def _prune_mail_ledger(ctx: JobContext) -> None:
 @cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
 def sweep_files(ctx: JobContext) -> None:
     """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
-    from ._sweep import run_in_job
+    from .ops._sweep_job import run_in_job
 
     run_in_job(ctx)
 
@@ -292,7 +293,7 @@ def sweep_files(ctx: JobContext) -> None:
 def sample_queues(ctx: JobContext) -> None:
     """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health; and
     fold the attempts of each hour just over into the charts' hourly rows."""
-    from . import _history  # it imports the models, as above
+    from .ops import _history  # it imports the models, as above
 
     now = ctx.now()
     samples = _history.take_samples(now)  # counted outside the transaction: it holds only the insert

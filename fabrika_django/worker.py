@@ -39,7 +39,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _jobstate, _metrics, runner
+from . import _jobstate, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
@@ -47,6 +47,7 @@ from ._sessions import bound_idle_transactions
 from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

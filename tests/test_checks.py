@@ -9,7 +9,9 @@ from django.db import models
 from django.test import override_settings
 from django.test.utils import isolate_apps
 
-from fabrika_django.checks import _check_jobs, _check_queue_models, _check_settings
+from fabrika_django.checks._jobs import _check_jobs
+from fabrika_django.checks._settings import _check_settings
+from fabrika_django.checks._tables import _check_queue_models
 from fabrika_django.conf import DEFAULTS
 from fabrika_django.jobs import CronJob, JobRegistry
 from fabrika_django.models import QueueModel

@@ -11,10 +11,11 @@ from django.core import checks
 from django.db import connection
 from django.utils import timezone
 
-from fabrika_django import _health, kick
-from fabrika_django._health import Thresholds, health_report
-from fabrika_django.checks import _check_queue_tables_vacuum
+from fabrika_django import kick
+from fabrika_django.checks._tables import _check_queue_tables_vacuum
 from fabrika_django.models import Job, QueueSample
+from fabrika_django.ops import _health
+from fabrika_django.ops._health import Thresholds, health_report
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder
@@ -38,7 +39,7 @@ def _vacuum_queue_tables():
     """What a healthy database looks like: earlier tests' rolled-back rows are dead tuples until vacuumed."""
     if connection.vendor != "postgresql":
         return
-    from fabrika_django._report import queue_models
+    from fabrika_django.ops._report import queue_models
 
     with connection.cursor() as cursor:
         for model in queue_models():
@@ -275,7 +276,7 @@ def test_a_small_overdue_periods_threshold_reports_a_job_after_one_failure(setti
     ],
 )
 def test_a_bad_health_setting_is_a_check_error_of_its_own(settings, value, problem):
-    from fabrika_django.checks import _check_settings
+    from fabrika_django.checks._settings import _check_settings
 
     settings.FABRIKA = {"HEALTH": value}
     [error] = _check_settings()

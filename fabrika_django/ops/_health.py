@@ -17,11 +17,13 @@ from typing import Any
 from django.core import checks
 from django.db import connections, models, router
 
-from . import _jobstate, _report  # modules, not their names: _report imports this one too
+from .. import _jobstate
+from .._sql import ops as sql
+from ..conf import settings
+from ..jobs import registry
+from ..models import Job
+from . import _report  # the module, not its names: _report imports this one too
 from ._history import dead_at_last_look
-from .conf import settings
-from .jobs import registry
-from .models import Job
 
 
 @dataclass(frozen=True)
@@ -278,13 +280,7 @@ def _queue_bloat(thresholds: Thresholds) -> list[Finding]:
     findings = []
     for alias, tables in sorted(by_alias.items()):
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT relname, n_dead_tup, n_live_tup, "
-                "extract(epoch FROM now() - greatest(last_vacuum, last_autovacuum)) "
-                "FROM pg_stat_user_tables WHERE schemaname = ANY(current_schemas(false)) AND relname = ANY(%s) "
-                "ORDER BY relname",
-                [list(tables)],
-            )
+            cursor.execute(sql.POSTGRESQL_TABLE_BLOAT, [list(tables)])
             rows = cursor.fetchall()
         for table, dead, live, vacuumed in rows:
             if dead < thresholds.bloat_dead_tuples or dead <= live * thresholds.bloat_ratio:
@@ -310,15 +306,7 @@ def _old_transactions(thresholds: Thresholds) -> list[Finding]:
     findings = []
     for alias in _postgresql_aliases([Job, *_report.queue_models()]):
         with connections[alias].cursor() as cursor:
-            # Only sessions holding the horizon (an xid or a snapshot); never the query text.
-            cursor.execute(
-                "SELECT pid, state, extract(epoch FROM now() - xact_start) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL "
-                "AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) "
-                "AND now() - xact_start > %s * interval '1 second' "
-                "ORDER BY xact_start LIMIT 5",
-                [thresholds.old_transaction.total_seconds()],
-            )
+            cursor.execute(sql.POSTGRESQL_OLD_TRANSACTIONS, [thresholds.old_transaction.total_seconds()])
             rows = cursor.fetchall()
         for pid, state, age in rows:
             seconds = float(age)
