@@ -3,8 +3,10 @@
 A row is data: whoever can write one (a bug, an SQL injection elsewhere, a restored backup) must not make the
 worker import a module of their choosing, whose import alone may run code. So a row's ``task_path`` is imported
 only from the project's own code, the packages of its installed apps and of its settings module, or from a
-module the worker has imported already; any other path is refused before anything is imported, and a path
-that is no ``@task`` function is refused after. Both fail the attempt with the code ``task_not_registered``.
+module the worker has imported already; any other path is refused before anything is imported (an
+``ImportError``: the worker will not import it), and a path that is no ``@task`` function is refused after (a
+``SuspiciousOperation``, as Django's database backend raises). Both fail the attempt with the code
+``task_not_registered``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ from ._tasks_compat import Task
 NOT_REGISTERED = "task_not_registered"
 
 
+class TaskOutsideProject(ImportError):
+    """A row's task path names a module outside the project's code, which the worker does not import."""
+
+    code = NOT_REGISTERED
+
+
 class TaskNotRegistered(SuspiciousOperation):
-    """A row's task path is outside the project's code, or names no ``@task`` function."""
+    """A row's task path names something that is no ``@task`` function."""
 
     code = NOT_REGISTERED
 
@@ -34,7 +42,7 @@ def task_of(row: Any) -> Task:
     """Import the row's task by path, with the priority, queue, backend and run_after it was enqueued with."""
     path = str(row.task_path)
     if not _may_import(path):
-        raise TaskNotRegistered(
+        raise TaskOutsideProject(
             f"Task {row.result_id} names a function outside the project's installed apps: nothing was imported."
         )
     task = import_string(path)

@@ -28,7 +28,7 @@ from django.utils import timezone
 from . import _prepared
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
-from ._task_paths import TaskNotRegistered, task_of
+from ._task_paths import TaskNotRegistered, TaskOutsideProject, task_of
 from ._tasks_compat import (
     Task,
     TaskContext,
@@ -353,11 +353,13 @@ def _json(value: Any, row: Any) -> Any:
 _FAILURE_CODES: dict[type[BaseException], str] = {
     _ReturnValueNotJSON: _ReturnValueNotJSON.code,
     TaskNotRegistered: TaskNotRegistered.code,
+    TaskOutsideProject: TaskOutsideProject.code,
 }
 #: The class a failure of fabrika's own is recorded as: the one Django's errors name (``TaskError``).
 _RECORDED_AS: dict[type[BaseException], type[BaseException]] = {
     _ReturnValueNotJSON: TypeError,
     TaskNotRegistered: SuspiciousOperation,
+    TaskOutsideProject: ImportError,
 }
 
 

@@ -32,12 +32,15 @@ def test_a_row_naming_a_module_outside_the_project_is_refused_without_importing_
     assert "fabrika_import_probe" not in sys.modules and not (tmp_path / "imported").exists()
     refused = QueuedTask.objects.get(result_id=row.id)
     assert refused.last_failure == "task_not_registered"
-    assert [error["exception_class_path"] for error in refused.errors] == ["django.core.exceptions.SuspiciousOperation"]
-    assert refused.errors[0]["traceback"].endswith("SuspiciousOperation: task_not_registered\n")
+    assert [error["exception_class_path"] for error in refused.errors] == ["builtins.ImportError"]
+    assert refused.errors[0]["traceback"].endswith("builtins.ImportError: task_not_registered\n")
 
 
 def test_a_row_naming_something_imported_that_is_no_task_is_refused_with_the_same_code():
     row = tasks.noop.enqueue()
     QueuedTask.objects.filter(result_id=row.id).update(task_path="os.system")
     assert run_tasks() == []
-    assert QueuedTask.objects.get(result_id=row.id).last_failure == "task_not_registered"
+    refused = QueuedTask.objects.get(result_id=row.id)
+    assert refused.last_failure == "task_not_registered"
+    assert [error["exception_class_path"] for error in refused.errors] == ["django.core.exceptions.SuspiciousOperation"]
+    assert refused.errors[0]["traceback"].endswith("SuspiciousOperation: task_not_registered\n")
