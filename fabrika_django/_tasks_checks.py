@@ -15,6 +15,7 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 #: The backend's class path; a subclass is fabrika's too.
@@ -47,8 +48,8 @@ def fabrika_aliases() -> list[str]:
         try:
             backend_class = import_string(backend)
             fabrika_class = import_string(_BACKEND)
-        except ImportError:
-            continue  # Django's own check reports an unknown backend
+        except (ImportError, ImproperlyConfigured):
+            continue  # Django's own check reports an unknown backend; fabrika's needs django.tasks or the backport
         if isinstance(backend_class, type) and issubclass(backend_class, fabrika_class):
             aliases.append(alias)
     return aliases

@@ -8,8 +8,17 @@ import textwrap
 from pathlib import Path
 
 import django
+from django.test import override_settings
+
+from fabrika_django._tasks_checks import check_tasks_backends
+from fabrika_django.tasks import FabrikaBackend
 
 ROOT = Path(__file__).resolve().parent.parent
+IMMEDIATE = (
+    "django.tasks.backends.immediate.ImmediateBackend"
+    if django.VERSION >= (6,)
+    else "django_tasks.backends.immediate.ImmediateBackend"
+)
 
 SETTINGS = """
 SECRET_KEY = "not secret"
@@ -42,3 +51,23 @@ def test_a_project_without_fabrika_in_installed_apps_fails_the_check_with_e040_o
         "?: (fabrika.E040) TASKS['default'] is a FabrikaBackend, but fabrika_django is not installed.\n"
         "\tHINT: Add 'fabrika_django' to INSTALLED_APPS and run migrate." in checked.stderr
     )
+
+
+class OwnBackend(FabrikaBackend):
+    """A project's own subclass: fabrika's backend too."""
+
+
+def test_fabrikas_check_names_each_alias_of_its_backend_or_a_subclass_and_no_other():
+    backends = {
+        "default": {"BACKEND": "fabrika_django.tasks.FabrikaBackend"},
+        "own": {"BACKEND": f"{__name__}.OwnBackend"},
+        "immediate": {"BACKEND": IMMEDIATE},
+        "missing": {"BACKEND": "nowhere.Backend"},
+    }
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"], TASKS=backends):
+        assert [(e.id, e.msg) for e in check_tasks_backends()] == [
+            ("fabrika.E040", "TASKS['default'] is a FabrikaBackend, but fabrika_django is not installed."),
+            ("fabrika.E040", "TASKS['own'] is a FabrikaBackend, but fabrika_django is not installed."),
+        ]
+    with override_settings(TASKS=backends):
+        assert check_tasks_backends() == []  # installed
