@@ -110,11 +110,13 @@ def cron(
     actions: Iterable[str] | None = None,
     lanes: int = 1,
 ) -> Callable[[Handler], CronJob]:
-    """Declare the decorated function a cron job running on ``schedule`` (five fields, UTC; None: kicks only).
+    """Declare the decorated function a cron job running on ``schedule``: five cron fields in UTC (minute hour
+    day-of-month month day-of-week), such as ``'15 * * * *'``, or a macro such as ``'@hourly'``; None for a job that
+    runs only when kicked.
 
-    Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it.
+    Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it (a bad
+    schedule: the job and the expression).
     """
-    parsed = Schedule(schedule) if schedule is not None else None
     _check_retries(retries)
     _check_timeout(timeout)
     _check_lanes(lanes)
@@ -127,6 +129,10 @@ def cron(
 
     def decorate(func: Handler) -> CronJob:
         job_name = name if name is not None else func.__name__
+        try:
+            parsed = Schedule(schedule) if schedule is not None else None
+        except ValueError as error:
+            raise ValueError(f"Cron job {job_name!r}: {error}") from None
         if not isinstance(job_name, str) or not _NAME.match(job_name):
             raise ValueError(
                 f"Cron job name {job_name!r} is not valid: use up to 100 letters, digits, '_', '.' or '-'."

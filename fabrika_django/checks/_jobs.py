@@ -10,7 +10,7 @@ from django.apps import AppConfig, apps
 from django.core import checks
 
 from ..jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
-from ..schedule import Schedule, normalize
+from ..schedule import RULE, Schedule, normalize
 
 _DECLARE_HINT = "Declare the job with @cron(...), which checks its arguments at import."
 
@@ -57,8 +57,7 @@ def _check_job(job: CronJob) -> list[checks.CheckMessage]:
             _job_error(
                 job,
                 f"has schedule {job.schedule!r}, which is {reason}",
-                "Give five cron fields in UTC (e.g. '15 * * * *'), a macro such as '@hourly', or None. "
-                + _DECLARE_HINT,
+                f"Give {RULE}, or None. " + _DECLARE_HINT,
                 "fabrika.E001",
             )
         )

@@ -1,4 +1,4 @@
-"""``fabrika.E030``–``E037``, ``W001``: ``settings.FABRIKA``, its keys and their values."""
+"""``fabrika.E030``–``E038``, ``W001``: ``settings.FABRIKA``, its keys and their values."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from ..conf import DEFAULTS
+from ..ops import _health
 
 
 def _positive_number(value: object) -> bool:
@@ -126,6 +127,7 @@ def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         from ..ops._sweep_setting import check_setting
 
         errors.extend(check_setting(configured["FILE_SWEEP"]))
+    errors.extend(_health.check_setting(configured.get("HEALTH")))
     return errors
 
 

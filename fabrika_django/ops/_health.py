@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core import checks
 from django.db import connections, models, router
 
 from .. import _jobstate
 from .._sql import ops as sql
+from ..conf import settings
 from ..jobs import registry
 from ..models import Job
 from . import _report  # the module, not its names: _report imports this one too
@@ -26,7 +28,7 @@ from ._history import dead_at_last_look
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a condition becomes a finding (tests lower them to create each condition quickly)."""
+    """When a condition becomes a finding: ``FABRIKA["HEALTH"]`` (``configured_thresholds()``), or a test's own."""
 
     #: A due row older than this is ``old_due_row``.
     old_due_row: timedelta = timedelta(hours=1)
@@ -43,6 +45,72 @@ class Thresholds:
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+
+#: ``FABRIKA["HEALTH"]``'s keys and defaults: seconds, counts and a ratio.
+HEALTH_DEFAULTS: dict[str, int | float] = {
+    "old_due_row_seconds": 3600,
+    "old_transaction_seconds": 300,
+    "old_transaction_error_seconds": 3600,
+    "bloat_dead_tuples": 10_000,
+    "bloat_ratio": 0.1,
+    "overdue_periods": 3,
+}
+#: The largest value of each kind a threshold may take: ten years of seconds, and as many periods or tuples (no
+#: finding comes later than that, and past it the time arithmetic overflows).
+_MOST = {"seconds": 10 * 365 * 86400, "count": 10**9}
+
+
+def configured_thresholds() -> Thresholds:
+    """The thresholds ``FABRIKA["HEALTH"]`` sets (the defaults for what it leaves out, or all where it is bad:
+    ``manage.py check`` says what, and health stays on rather than breaking the pages that show it)."""
+    given = settings.HEALTH
+    if given is None or check_setting(given):
+        return DEFAULT_THRESHOLDS
+    value = {**HEALTH_DEFAULTS, **given}
+    return Thresholds(
+        old_due_row=timedelta(seconds=value["old_due_row_seconds"]),
+        old_transaction=timedelta(seconds=value["old_transaction_seconds"]),
+        old_transaction_error=timedelta(seconds=value["old_transaction_error_seconds"]),
+        bloat_dead_tuples=value["bloat_dead_tuples"],
+        bloat_ratio=value["bloat_ratio"],
+        overdue_periods=value["overdue_periods"],
+    )
+
+
+def check_setting(value: object) -> list[checks.CheckMessage]:
+    """``fabrika.E038``: ``FABRIKA["HEALTH"]`` is a dict of known keys with positive numbers, a ratio of at most 1,
+    and an error threshold no lower than its warning threshold."""
+
+    def error(problem: str) -> list[checks.CheckMessage]:
+        return [
+            checks.Error(
+                f"Setting FABRIKA['HEALTH'] {problem}.",
+                hint="Set FABRIKA['HEALTH'] to a dict of the thresholds you change, e.g. {'old_due_row_seconds': "
+                f"600}}; its keys and defaults: {', '.join(f'{k}={v}' for k, v in HEALTH_DEFAULTS.items())}.",
+                id="fabrika.E038",
+            )
+        ]
+
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return error(f"is a {type(value).__name__}, not a dict")
+    unknown = sorted(str(key) for key in value if key not in HEALTH_DEFAULTS)
+    if unknown:
+        return error(f"has unknown key {unknown[0]!r}")
+    for key, given in value.items():
+        most = _MOST["seconds" if key.endswith("_seconds") else "count"]
+        if not isinstance(given, int | float) or isinstance(given, bool) or not 0 < given <= most:
+            return error(f"has {key}={given!r}, which is not a positive number of at most {most}")
+    if value.get("bloat_ratio", 0) > 1:
+        return error(f"has bloat_ratio={value['bloat_ratio']!r}, which is above 1 (a share of the live tuples)")
+    merged = {**HEALTH_DEFAULTS, **value}
+    if merged["old_transaction_error_seconds"] < merged["old_transaction_seconds"]:
+        return error(
+            f"has old_transaction_error_seconds={merged['old_transaction_error_seconds']!r} below "
+            f"old_transaction_seconds={merged['old_transaction_seconds']!r}: an error comes after its warning"
+        )
+    return []
 
 
 @dataclass(frozen=True)
@@ -66,9 +134,12 @@ def health_report(
     now: datetime,
     *,
     counts: dict[str, _report.QueueCounts] | None = None,
-    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    thresholds: Thresholds | None = None,
 ) -> list[Finding]:
-    """Return every finding, errors first. ``counts``: queue counts already read (by label), to read them once."""
+    """Return every finding, errors first. ``counts``: queue counts already read (by label), to read them once;
+    ``thresholds``: ``FABRIKA["HEALTH"]``'s unless given."""
+    if thresholds is None:
+        thresholds = configured_thresholds()
     if counts is None:
         counts = {model._meta.label: _report.count_queue(model, now, done=False) for model in _report.queue_models()}
     findings = [
