@@ -24,8 +24,8 @@ from ..jobs import registry
 from ..kicks import kick
 from ..models import Attempt, Job, Outcome
 from ..schedule import Schedule
+from ._display import breakable, time_column, took
 from ._queues import _relative
-from ._times import time_column, took
 
 _RECENT_ATTEMPTS = 10
 
@@ -387,7 +387,8 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class AttemptAdmin(HistoryAdmin):
     """Attempts: read-only history."""
 
-    list_display = ("job", "number", "trigger", "outcome_badge", "started_at", "took", "error_class", "short_run")
+    # The run's id is on the attempt's page: seven columns fit 1280 px beside both sidebars.
+    list_display = ("job_name", "number", "trigger", "outcome_badge", "started_at", "took", "error_class")
     list_filter = (_JobFilter, "outcome", "trigger")
     fields = (
         "job",
@@ -416,6 +417,10 @@ class AttemptAdmin(HistoryAdmin):
 
     started_at = time_column("started", _("started"))
 
+    @admin.display(description=_("job"), ordering="job")
+    def job_name(self, attempt: Attempt) -> str:
+        return breakable(attempt.job)
+
     @admin.display(description=_("outcome"), ordering="outcome")
     def outcome_badge(self, attempt: Attempt) -> str:
         return _outcome_badge(attempt.outcome)
@@ -423,10 +428,6 @@ class AttemptAdmin(HistoryAdmin):
     @admin.display(description=_("took"))
     def took(self, attempt: Attempt) -> str:
         return took(attempt.duration.total_seconds()) if attempt.duration is not None else "—"
-
-    @admin.display(description=_("run"), ordering="run_id")
-    def short_run(self, attempt: Attempt) -> str:
-        return str(attempt.run_id)[:8]
 
     @admin.display(description=_("frames"))
     def frames_block(self, attempt: Attempt) -> str:
