@@ -870,3 +870,17 @@ def test_run_button_of_a_job_whose_name_the_admin_must_quote_kicks_it_and_return
             response = admin_client.post(run_url)
     assert (response.status_code, response["Location"]) == (302, url)
     assert fabrika_kicks == ["sync_2FA"]
+
+
+def _breadcrumbs(html):
+    """Return the opening tag and the links of a page's breadcrumbs."""
+    [bar] = re.findall(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', html, re.S)
+    return f"<{bar[0]}>", re.findall(r'<a href="([^"]+)">', bar[1])
+
+
+def test_the_overviews_breadcrumbs_are_in_the_markup_of_the_admins_own_pages(admin_client):
+    # Django 6.1 made them a list (ol.breadcrumbs) and styles only that; before, a div.
+    own_tag, own_links = _breadcrumbs(admin_client.get("/admin/fabrika_django/job/").content.decode())
+    tag, links = _breadcrumbs(admin_client.get("/admin/fabrika_django/overview/").content.decode())
+    assert tag == own_tag
+    assert links == own_links == ["/admin/", "/admin/fabrika_django/"]

@@ -153,7 +153,7 @@ class ChangelistsFitInChromiumTests(chromium.AdminInChromiumTests):
         )
 
     def _low_contrasts(self):
-        found = self.browser.execute_script(_CONTRASTS, "#content a, #content .fabrika-badge, div.breadcrumbs a")
+        found = self.browser.execute_script(_CONTRASTS, "#content a, #content .fabrika-badge, .breadcrumbs a")
         assert found, "no badge or link found: the selector is wrong"
         return [item for item in found if item["ratio"] < 4.5]
 
