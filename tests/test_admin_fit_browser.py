@@ -3,8 +3,8 @@
 With rows that stretch a list (a dead row, the longest failure code a row can hold, times a year old, a long
 task path): nothing is wider than its box, and every badge and link reads at a contrast of at least 4.5:1,
 computed from the colours Chromium renders. Runs as ``test_admin_browser.py`` does (SQLite only; skips
-without Chromium unless ``FABRIKA_REQUIRE_BROWSER=1``); ``FABRIKA_SCREENSHOTS=docs/screenshots`` keeps the
-screenshots of both themes.
+without Chromium unless ``FABRIKA_REQUIRE_BROWSER=1``); ``FABRIKA_LAB=0 FABRIKA_SCREENSHOTS=docs/screenshots``
+keeps the screenshots of both themes.
 """
 
 import uuid
@@ -40,6 +40,9 @@ PAGES = {
     "jobs": "/admin/fabrika_django/job/",
     "people": "/admin/outbox/person/",
 }
+
+#: The pages whose screenshots the docs keep, in both themes (the others are checked all the same).
+SCREENSHOTS = {"overview", "outbox", "tasks", "attempts"}  # the jobs list: admin-jobs.png
 
 # The contrast of every visible badge and link inside the page's content, its colour blended over the
 # backgrounds under it (each one's alpha over the next): WCAG's relative luminance and ratio.
@@ -167,7 +170,8 @@ class ChangelistsFitInChromiumTests(chromium.AdminInChromiumTests):
                 self.assertEqual(self.browser.execute_script("return window.innerWidth"), 1280)
                 self.assertTrue(self._css("#nav-sidebar").is_displayed(), name)
                 self.assertEqual(self.browser.execute_script("return document.documentElement.dataset.theme"), theme)
-                self.browser.save_screenshot(str(self.shots / f"admin-{name}-{theme}.png"))
+                if name in SCREENSHOTS:
+                    self.browser.save_screenshot(str(self.shots / f"admin-{name}-{theme}.png"))
                 problems.extend(f"{theme} {name}: {box} wider than itself" for box in self._overflows())
                 problems.extend(
                     f"{theme} {name}: {item['text']!r} ({item['css']}) at {item['ratio']:.2f}:1"
@@ -190,3 +194,23 @@ class ChangelistsFitInChromiumTests(chromium.AdminInChromiumTests):
                 # How long ago, and the time with its zone (its date and time on lines of their own where narrow).
                 self.assertRegex(cell.text, DUE_SHOWN, path)
                 self.assertLess(cell.find_element(By.CSS_SELECTOR, "time").size["height"], 75, path)  # 4 lines
+
+    def test_badges_and_links_read_in_the_systems_dark_theme_when_the_admin_follows_it(self):
+        self._log_in()
+        self._with_sidebar("auto")  # the admin's default: the system's preference
+        self.browser.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+        )
+        try:
+            problems = []
+            for name in ("overview", "reminders", "jobs"):
+                self._open(PAGES[name])
+                background = self.browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+                self.assertEqual(background, "rgb(18, 18, 18)", name)  # the admin's dark theme is on
+                problems.extend(
+                    f"auto-dark {name}: {item['text']!r} ({item['css']}) at {item['ratio']:.2f}:1"
+                    for item in self._low_contrasts()
+                )
+            self.assertEqual(problems, [], "\n".join(problems))
+        finally:
+            self.browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
