@@ -45,6 +45,7 @@ EXPERIMENTS = ("kills", "cuts", "restart", "freeze", "poison")
 SEPARATE = {
     "failover": ("bench._failover", []),
     "failover-async": ("bench._failover", ["--asynchronous"]),
+    "partition": ("bench._partition", []),
 }
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
@@ -54,14 +55,15 @@ ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row
 class Worker(WorkerProcess):
     """A ``fabrika_job worker`` process serving the chaos jobs; its log in a file of its own."""
 
-    def __init__(self, url: str, **env: object) -> None:
+    def __init__(self, url: str, wrapper: tuple[str, ...] = (), **env: object) -> None:
         settings = {
             "FABRIKA_LEASE_SECONDS": LEASE_SECONDS,
             "FABRIKA_POLL_INTERVAL": POLL_INTERVAL,
             "FABRIKA_LOG_LEVEL": "INFO",
             "LAB_ITEM_SECONDS": ITEM_SECONDS,
         }
-        super().__init__(url, ["--only", "lab_chaos,lab_hold"], prefix="chaos-worker-", env={**settings, **env})
+        arguments = ["--only", "lab_chaos,lab_hold"]
+        super().__init__(url, arguments, prefix="chaos-worker-", env={**settings, **env}, wrapper=wrapper)
 
     def started(self) -> bool:
         return "Worker started" in self.output()
