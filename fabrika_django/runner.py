@@ -21,7 +21,7 @@ from datetime import datetime
 from django.db import connection as default_connection
 from django.utils import timezone
 
-from . import _jobstate, _metrics
+from . import _jobstate
 from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
 from ._fence import LeaseFence
 from ._running import LaneDemand
@@ -29,6 +29,7 @@ from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
 from .jobs import CronJob, registry
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

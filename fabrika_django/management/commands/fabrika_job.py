@@ -1,7 +1,7 @@
 """``manage.py fabrika_job run | worker | crontab | list | status | kick | requeue``: parsing and dispatch.
 
 A run lives in ``fabrika_django.runner``, the loop in ``fabrika_django.worker``, the status report in
-``fabrika_django._report`` (with the admin's overview). Exit codes: 0 done, 1 a run or a requeue failed, 2 a
+``fabrika_django.ops._report`` (with the admin's overview). Exit codes: 0 done, 1 a run or a requeue failed, 2 a
 usage error (unknown job, unknown model, bad flag), always as one line on stderr.
 """
 
@@ -27,12 +27,13 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _jobstate, _metrics, _report, _sweep, kicks, runner, worker
+from fabrika_django import _jobstate, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django._sessions import bound_idle_transactions
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
 from fabrika_django.models import QueueModel
+from fabrika_django.ops import _metrics, _report, _sweep_job
 
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
 _COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -346,7 +347,7 @@ class Command(BaseCommand):
             )
 
     def _handle_sweep_files(self, **options: Any) -> None:
-        _sweep.command(self, **options)
+        _sweep_job.command(self, **options)
 
     def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
