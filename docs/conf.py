@@ -44,5 +44,5 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!fabrika_django\b).*"),
     # Private names in public signatures (a TypeVar, a capabilities record): not documented, never linked.
-    (r"py:.*", r"fabrika_django(\.\w+)*\._\w+"),
+    (r"py:.*", r"fabrika_django(\.\w+)*\._\w+(\.\w+)*"),
 ]
