@@ -83,6 +83,8 @@ class PrivateCluster:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self._run("pg_dropcluster", "--stop", self.version, self.name, check=False)
+        # pg_dropcluster leaves a configuration folder that holds a file it did not write (conf.d/bench.conf).
+        shutil.rmtree(self.config_dir, ignore_errors=True)
 
     def _copy_primary(self, primary: PrivateCluster) -> None:
         """Replace the new cluster's data with a base backup of ``primary`` that follows its WAL (``-R``)."""

@@ -166,10 +166,13 @@ def _holder_pid(job: str) -> int | None:
     return int(holder.split(":")[1]) if holder else None
 
 
-def _effect_after(moment):  # type: ignore[no-untyped-def]
+def _effect_after(moment, *, not_by: int | None = None):  # type: ignore[no-untyped-def]
+    """The first effect after ``moment``; ``not_by``: made by another process than that pid (a killed holder's
+    last effects, committed just before it died, are no sign that anyone took over)."""
     from testproject.lab.models import Effect
 
-    return Effect.objects.filter(at__gt=moment).order_by("at").values_list("at", flat=True).first()
+    effects = Effect.objects.filter(at__gt=moment).exclude(pid=not_by if not_by is not None else -1)
+    return effects.order_by("at").values_list("at", flat=True).first()
 
 
 def _settle(lab: Lab) -> None:
@@ -258,13 +261,19 @@ def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault, *, recover_
             break
         time.sleep(0.5)  # some work between faults, as a real outage leaves
         at = timezone.now()
-        if not fault(workers):
+        victim = fault(workers)  # False: no fault now; True: a fault; a pid: that holder was killed
+        if not victim:
             continue  # nobody held the lease at that instant (a run was starting): try again, it does not count
         if recover_from_end:
             at = timezone.now()
         done += 1
+        # Recovery is the next effect of another process: so the next fault never hits a holder that has not
+        # worked yet, and one stall is never two takeovers back to back.
+        not_by = victim if victim is not True else None
         after = lab.wait(
-            lambda at=at: _effect_after(at) or (not Item.objects.due_now().exists() and "drained"),
+            lambda at=at, not_by=not_by: (
+                _effect_after(at, not_by=not_by) or (not Item.objects.due_now().exists() and "drained")
+            ),
             f"work to resume after {name} {done}",
             60,
         )
@@ -290,7 +299,7 @@ def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault, *, recover_
 
 
 def kills(lab: Lab, rows: int, count: int) -> dict:
-    def kill_holder(workers: list[Worker]) -> bool:
+    def kill_holder(workers: list[Worker]) -> int | bool:
         pid = _holder_pid("lab_chaos")
         victim = next((worker for worker in workers if worker.pid == pid), None)
         if victim is None:
@@ -298,7 +307,7 @@ def kills(lab: Lab, rows: int, count: int) -> dict:
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(30)
         workers[workers.index(victim)] = lab.worker(wait=False)  # two workers again, once it has started
-        return True
+        return victim.pid
 
     return _drain_under(lab, "SIGKILL the holder", rows, count, kill_holder)
 

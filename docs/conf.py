@@ -36,7 +36,7 @@ html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+autodoc_default_options = {"members": True}
 
 # Nitpicky references hold every cross-reference to fabrika's own names. Names of Python, Django and other
 # libraries are not checked: the build fetches no other project's inventory (it runs offline).
@@ -44,5 +44,5 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!fabrika_django\b).*"),
     # Private names in public signatures (a TypeVar, a capabilities record): not documented, never linked.
-    (r"py:.*", r"fabrika_django(\.\w+)*\._\w+"),
+    (r"py:.*", r"fabrika_django(\.\w+)*\._\w+(\.\w+)*"),
 ]

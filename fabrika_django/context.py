@@ -55,6 +55,7 @@ class AbortSignal:
 
     @property
     def aborted(self) -> bool:
+        """Whether the attempt has ended (its deadline passed, its lease was lost, or the worker is stopping)."""
         if not self._event.is_set() and time.monotonic() >= self._deadline:
             self.abort("timed_out")
         return self._event.is_set()

@@ -36,6 +36,7 @@ class JobResult:
 
     @property
     def ok(self) -> bool:
+        """True when the run succeeded, or joined a run already active (``coalesced``)."""
         return self.outcome in ("succeeded", "coalesced")
 
     @property
@@ -54,10 +55,12 @@ class FixedClock:
         return self.now
 
     def advance(self, delta: timedelta) -> datetime:
+        """Move the clock on by ``delta`` and return the new time."""
         self.now = self.now + delta
         return self.now
 
     def set(self, moment: datetime) -> None:
+        """Set the clock to ``moment``."""
         self.now = moment
 
 

@@ -39,7 +39,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _jobstate, runner
+from . import _db_failure, _jobstate, runner
 from ._handlers import handler_threads
 from ._listen import Backoff, Listener, listen_alias
 from ._process import configure_logging, stop_signals
@@ -211,7 +211,10 @@ class Worker:
             self._fire_and_dispatch(states)
         except DatabaseError as exc:
             pause = self._backoff.next()
-            logger.warning("Database unavailable error=%s retry_in=%.1fs", type(exc).__name__, pause)
+            logger.warning(
+                "Database unavailable server=%s kind=%s error=%s retry_in=%.1fs",
+                _db_failure.server_of(connection.settings_dict), _db_failure.kind_of(exc), type(exc).__name__, pause,
+            )  # fmt: skip
             self._connection_lost()
             _close_quietly()
             self._next_scan = time.monotonic() + pause

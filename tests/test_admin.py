@@ -122,6 +122,14 @@ def test_state_filter_offers_the_four_states(admin_client):
     assert [str(label) for _value, label in spec.lookup_choices] == ["waiting", "due now", "dead", "done"]
 
 
+def moment_html(day, time):
+    """The second line of a moment in a list: its date and its time with the zone, neither broken inside."""
+    return (
+        f'<span class="fabrika-quiet"><span class="fabrika-nowrap">{day}</span> '
+        f'<span class="fabrika-nowrap">{time}</span></span>'
+    )
+
+
 def test_due_column_shows_the_time_relative_and_absolute_with_its_zone(admin_client, settings):
     settings.TIME_ZONE = "Europe/Berlin"
     soon = timezone.now() + timedelta(hours=2, minutes=1)
@@ -129,14 +137,11 @@ def test_due_column_shows_the_time_relative_and_absolute_with_its_zone(admin_cli
     ReminderFactory(due=datetime(2026, 7, 1, 10, 0, tzinfo=UTC))  # summer: 12:00 in Berlin
     html = admin_client.get(REMINDERS, {"o": "3"}).content.decode()
     local = timezone.localtime(soon, ZoneInfo("Europe/Berlin"))
-    short = f"{local:%Y-%m-%d %H:%M} {local.tzname()}"
-    assert re.search(
-        rf'title="[A-Z][a-z]{{2}}\.? \d+, 20\d\d, [^"]+ {local.tzname()}">'
-        r'<span class="fabrika-nowrap">in 2\xa0hours</span> '
-        rf'<span class="fabrika-quiet fabrika-nowrap">{short}</span></time>',
-        html,
-    )
-    assert re.search(r'ago</span> <span class="fabrika-quiet fabrika-nowrap">2026-07-01 12:00 CEST</span>', html)
+    # The zone's name in the tooltip too, after the locale's long form of the time.
+    tooltip = rf'title="[A-Z][a-z]{{2}}\.? \d+, 20\d\d, [^"]+ {local.tzname()}">'
+    second = re.escape(moment_html(f"{local:%Y-%m-%d}", f"{local:%H:%M} {local.tzname()}"))
+    assert re.search(rf"{tooltip}in 2\xa0hours {second}</time>", html)
+    assert f"ago {moment_html('2026-07-01', '12:00 CEST')}</time>" in html
 
 
 def test_list_shows_attempts_and_last_failure_columns(admin_client):
@@ -569,7 +574,7 @@ def test_attempts_list_shows_when_each_started_with_its_zone(admin_client, setti
     attempt = _attempt()
     Attempt.objects.filter(pk=attempt.pk).update(started=datetime(2026, 1, 5, 9, 30, tzinfo=UTC))
     html = admin_client.get(ATTEMPTS).content.decode()
-    assert '<span class="fabrika-quiet fabrika-nowrap">2026-01-05 10:30 CET</span>' in html
+    assert moment_html("2026-01-05", "10:30 CET") in html
 
 
 def test_attempt_page_shows_the_failure_code_class_and_frames_read_only(admin_client):
@@ -865,3 +870,17 @@ def test_run_button_of_a_job_whose_name_the_admin_must_quote_kicks_it_and_return
             response = admin_client.post(run_url)
     assert (response.status_code, response["Location"]) == (302, url)
     assert fabrika_kicks == ["sync_2FA"]
+
+
+def _breadcrumbs(html):
+    """Return the opening tag and the links of a page's breadcrumbs."""
+    [bar] = re.findall(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', html, re.S)
+    return f"<{bar[0]}>", re.findall(r'<a href="([^"]+)">', bar[1])
+
+
+def test_the_overviews_breadcrumbs_are_in_the_markup_of_the_admins_own_pages(admin_client):
+    # Django 6.1 made them a list (ol.breadcrumbs) and styles only that; before, a div.
+    own_tag, own_links = _breadcrumbs(admin_client.get("/admin/fabrika_django/job/").content.decode())
+    tag, links = _breadcrumbs(admin_client.get("/admin/fabrika_django/overview/").content.decode())
+    assert tag == own_tag
+    assert links == own_links == ["/admin/", "/admin/fabrika_django/"]

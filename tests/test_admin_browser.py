@@ -3,8 +3,9 @@
 Runs on SQLite only: the PostgreSQL run covers the same views with the test client (tests/test_admin.py)
 and a second browser pass would only cost CI time. Without Chromium the tests skip, saying why, unless
 ``FABRIKA_REQUIRE_BROWSER=1`` (CI) makes that a failure. The screenshots go to a temporary directory;
-to refresh those the README shows (without the test suite's lab app):
-``FABRIKA_LAB=0 FABRIKA_SCREENSHOTS=docs/screenshots python -m pytest tests/test_admin_browser.py``.
+to refresh those the README shows (without the test suite's lab app), with test_admin_fit_browser.py's:
+``FABRIKA_LAB=0 FABRIKA_SCREENSHOTS=docs/screenshots python -m pytest tests/test_admin_browser.py
+tests/test_admin_fit_browser.py``.
 """
 
 import os

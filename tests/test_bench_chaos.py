@@ -45,8 +45,10 @@ def _server_started_at():
 
 
 def _bench_clusters():
+    """The bench's clusters left on this machine: listed ones, and configuration folders without a cluster."""
     listing = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[1] for line in listing.splitlines() if "fabrika_bench_" in line]
+    listed = [line.split()[1] for line in listing.splitlines() if "fabrika_bench_" in line]
+    return listed + sorted(path.name for path in Path("/etc/postgresql").glob("*/fabrika_bench_*"))
 
 
 def _chaos(*arguments: str) -> subprocess.CompletedProcess:

@@ -8,6 +8,8 @@ constructors in every module, the health codes from every ``Finding(...)``, and 
 """
 
 import argparse
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
@@ -75,6 +77,21 @@ def _check(page: str, what: str, in_code: set[str], in_page: set[str]) -> None:
 
 def test_every_fabrika_setting_is_documented():
     _check("settings.md", "FABRIKA key", set(DEFAULTS), _table("settings.md", "`FABRIKA` keys"))
+
+
+def _health_defaults() -> dict[str, object]:
+    """``HEALTH_DEFAULTS``, wherever in the package the health module lives now."""
+    for module in pkgutil.walk_packages(fabrika_django.__path__, "fabrika_django."):
+        if "health" in module.name:
+            defaults = getattr(importlib.import_module(module.name), "HEALTH_DEFAULTS", None)
+            if defaults is not None:
+                return defaults
+    return {}
+
+
+def test_every_health_threshold_is_documented():
+    in_page = _table("settings.md", '`FABRIKA["HEALTH"]` thresholds')
+    _check("settings.md", 'FABRIKA["HEALTH"] threshold', set(_health_defaults()), in_page)
 
 
 def test_every_check_id_is_documented():

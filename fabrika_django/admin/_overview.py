@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import django
 from django.contrib import admin
 from django.contrib.admin import AdminSite
 from django.contrib.admin.utils import quote
@@ -122,6 +123,8 @@ def overview_view(site: AdminSite) -> Callable[[HttpRequest], HttpResponse]:
             "jobs": jobs,
             "idle_jobs": [job["name"] for job in jobs if job["picture"]["empty"]],
             "done_cap": DONE_COUNT_CAP,
+            # Django 6.1's admin styles breadcrumbs as a list (ol.breadcrumbs); its div lost the bar there.
+            "fabrika_breadcrumbs_list": django.VERSION >= (6, 1),
         }
         return TemplateResponse(request, "admin/fabrika_django/overview.html", context)
 

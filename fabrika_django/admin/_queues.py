@@ -18,7 +18,7 @@ from django.utils.translation import ngettext
 from .._claimers import kick_claimers
 from .._queuestate import STATES, row_state_at, state_q
 from ..exceptions import VersionConflict
-from ._times import moment, relative
+from ._display import moment, relative
 
 _relative = relative  # the name the jobs page and the overview import
 

@@ -13,14 +13,13 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import QueuedTask, TaskStatus
+from ._display import breakable, time_column
 from ._queues import QueueModelAdminMixin, StateListFilter
-from ._times import time_column
 
 
 class _FunctionFilter(admin.SimpleListFilter):
@@ -100,9 +99,7 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
 
     @admin.display(description=_("function"), ordering="task_path")
     def function(self, row: QueuedTask) -> str:
-        # A line break may come after each dot: a long dotted path wraps at its parts, not mid-name.
-        parts = row.task_path.split(".")
-        return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in parts))
+        return breakable(row.task_path)
 
     @admin.display(description=_("last failure"))
     def failure(self, row: QueuedTask) -> str:

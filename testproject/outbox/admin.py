@@ -13,7 +13,8 @@ class RegistrationAdmin(QueueModelAdmin):
 
 @admin.register(OutboxMail)
 class OutboxMailAdmin(QueueModelAdmin):
-    list_display = ("__str__", "kind", "subject", "created")
+    # The kind is in its name and the filter, when it was written on its page: the subject gets the room.
+    list_display = ("__str__", "subject")
     list_filter = ("kind",)
     raw_id_fields = ("person",)
 

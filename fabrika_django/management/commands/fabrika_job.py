@@ -8,21 +8,14 @@ usage error (unknown job, unknown model, bad flag), always as one line on stderr
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import shlex
 import signal
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, NoReturn
 
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
@@ -32,6 +25,8 @@ from fabrika_django._process import stop_signals
 from fabrika_django._sessions import bound_idle_transactions
 from fabrika_django.exceptions import UnknownJob, VersionConflict
 from fabrika_django.jobs import registry
+from fabrika_django.management import _show
+from fabrika_django.management._show import usage as _usage
 from fabrika_django.models import QueueModel
 from fabrika_django.ops import _metrics, _report, _sweep_job
 
@@ -70,10 +65,6 @@ def _refuse_running_tasks(queue_model: type[QueueModel], rows: Any) -> None:
             "requeue could run it twice. Wait until it ends (a killed worker's task is retried on its own once the "
             "job's lease expires); nothing was requeued."
         )
-
-
-def _usage(message: str) -> CommandError:
-    return CommandError(message, returncode=2)
 
 
 def _whole_number(text: str) -> int | None:
@@ -229,72 +220,17 @@ class Command(BaseCommand):
     # -- crontab, list, status ---------------------------------------------------------------------
 
     def _handle_crontab(self, *, manage_py: str | None, **options: Any) -> None:
-        script = _manage_py(manage_py)
-        python = shlex.quote(str(_this_python()))
-        prefix = f"cd {shlex.quote(str(script.parent))} && {python} {shlex.quote(str(script))}"
-        self.stdout.write("CRON_TZ=UTC")
-        for job in registry:
-            if job.schedule is not None:
-                command = f"{prefix} fabrika_job run {shlex.quote(job.name)}"
-                escaped = command.replace("%", "\\%")  # cron turns an unescaped % into a newline
-                self.stdout.write(f"{job.schedule.fields} {escaped}")
+        self._write(_show.crontab_lines(_show.manage_py(manage_py)))
 
     def _handle_list(self, **options: Any) -> None:
-        now = timezone.now()
-        rows = [
-            (
-                job.name,
-                job.schedule.expression if job.schedule is not None else "-",
-                _utc(job.schedule.next_after(now)) or "-" if job.schedule is not None else "kick only",
-                str(job.retries),
-                _duration(job.timeout),
-                str(job.lanes),
-                ",".join(job.kicks) or "-",
-                job.mailer or "-",
-            )
-            for job in registry
-        ]
-        self._table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "lanes", "kicks", "mailer"), rows)
+        self._write(_show.job_lines(timezone.now()))
 
     def _handle_status(self, *, json: bool, **options: Any) -> None:
-        report = _report.status(timezone.now())
-        if json:
-            self.stdout.write(_json_dumps(report))
-            return
-        self.stdout.write(f"Queue tables (now {report['now']}):")
-        self._table(
-            ("table", "waiting", "due now", "dead", "done", "oldest due"),
-            [
-                (
-                    q["model"],
-                    str(q["waiting"]),
-                    str(q["due_now"]),
-                    str(q["dead"]),
-                    str(q["done"]),
-                    "-"
-                    if q["oldest_due_age_seconds"] is None
-                    else _duration(timedelta(seconds=q["oldest_due_age_seconds"])),
-                )
-                for q in report["queues"]
-            ],
-        )
-        self.stdout.write("Jobs:")
-        self._table(
-            ("job", "state", "last started (UTC)", "last outcome", "failures in a row"),
-            [
-                (
-                    j["name"],
-                    j["state"],
-                    j["last_started"] or "never",
-                    j["last_outcome"] or "-",
-                    str(j["failures_in_row"]),
-                )
-                for j in report["jobs"]
-            ],
-        )
-        self.stdout.write("Health:" if report["health"] else "Health: nothing to report.")
-        for finding in report["health"]:
-            self.stdout.write(f"  {finding['severity']} {finding['check']}: {finding['advice']}")
+        self._write(_show.status_lines(_report.status(timezone.now()), as_json=json))
+
+    def _write(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.stdout.write(line)
 
     # -- requeue -----------------------------------------------------------------------------------
 
@@ -349,11 +285,6 @@ class Command(BaseCommand):
     def _handle_sweep_files(self, **options: Any) -> None:
         _sweep_job.command(self, **options)
 
-    def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
-        for line in (header, *rows):
-            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
-
 
 def _serve_metrics(port: int, addr: str) -> None:
     """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken, no such
@@ -369,32 +300,6 @@ def _serve_metrics(port: int, addr: str) -> None:
         ) from None
 
 
-def _this_python() -> Path:
-    """Return this interpreter's path in normal form (``sys.executable`` keeps the ``..`` it was started with)."""
-    # The folder is resolved, not the file: a virtualenv's python is a symlink to the base interpreter, and the
-    # base interpreter would run the job without the virtualenv's packages.
-    executable = Path(sys.executable)
-    return executable.parent.resolve() / executable.name
-
-
-def _manage_py(given: str | None) -> Path:
-    """Find the manage.py the crontab's lines call: --manage-py, the one running, or the project's."""
-    candidates = []
-    if given:
-        candidates.append(Path(given))
-    elif os.path.basename(sys.argv[0]) == "manage.py":
-        candidates.append(Path(sys.argv[0]))
-    else:
-        base = getattr(django_settings, "BASE_DIR", None)
-        if base is not None:
-            candidates.append(Path(base) / "manage.py")
-        candidates.append(Path.cwd() / "manage.py")
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    raise _usage(f"Cannot find manage.py (looked at {', '.join(map(str, candidates))}): pass --manage-py PATH.")
-
-
 def _to_pk(model: Any, value: str) -> Any:
     try:
         pk = model._meta.pk.to_python(value)
@@ -402,10 +307,6 @@ def _to_pk(model: Any, value: str) -> Any:
         return pk
     except ValidationError:
         raise _usage(f"{value!r} is not an id of {model._meta.label}: give its primary key values.") from None
-
-
-def _utc(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @contextmanager
@@ -427,13 +328,3 @@ def _fabrika_logs_warnings_only(quiet: bool) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-def _duration(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m"), (seconds % 60, "s")]
-    return "".join(f"{amount}{unit}" for amount, unit in parts if amount) or "0s"
-
-
-def _json_dumps(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=True)

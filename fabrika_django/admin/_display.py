@@ -1,4 +1,5 @@
-"""How the admin shows a moment and a duration: short in a list, the full time (with its zone) at hand."""
+"""How the admin's lists show values at 1280 px: moments short (the full time with its zone at hand), durations
+a person can compare, dotted names that wrap at their dots."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.formats import date_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
@@ -23,21 +25,23 @@ def relative(value: datetime, now: datetime) -> str:
 
 
 def moment(value: datetime | None, now: datetime) -> str:
-    """Return "3 hours ago" over "2026-12-06 18:54 CET": short enough for a list at 1280 px, never wrapped.
+    """Return "3 hours ago" over "2026-12-06 18:54 CET": short enough for a list at 1280 px.
 
-    The time is the user's zone's and names it; the tooltip has it in the locale's long format.
+    The time is in the user's zone and names it; the tooltip has it in the locale's long format. Where the
+    column is narrow the words and the date and time wrap, never inside "5 minutes", a date or a time.
     """
     if value is None:
         return "—"
     local = timezone.localtime(value)
     return format_html(
-        '<time class="fabrika-moment" datetime="{}" title="{} {}"><span class="fabrika-nowrap">{}</span>'
-        ' <span class="fabrika-quiet fabrika-nowrap">{}</span></time>',
+        '<time class="fabrika-moment" datetime="{}" title="{} {}">{} <span class="fabrika-quiet">'
+        '<span class="fabrika-nowrap">{}</span> <span class="fabrika-nowrap">{}</span></span></time>',
         value.isoformat(),
         date_format(local, "DATETIME_FORMAT"),
         local.tzname(),
         relative(value, now),
-        date_format(local, "Y-m-d H:i T"),
+        date_format(local, "Y-m-d"),
+        date_format(local, "H:i T"),
     )
 
 
@@ -58,3 +62,9 @@ def took(seconds: float) -> str:
     if seconds < 0.9995:  # what would round to "1000 ms" is "1.0 s"
         return f"{seconds * 1000:.0f} ms"
     return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def breakable(name: str) -> str:
+    """Return a dotted or snake_case name that may wrap after each "." and "_", never inside a word."""
+    parts = name.replace("_", "_\0").replace(".", ".\0").split("\0")
+    return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in parts))
