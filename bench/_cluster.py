@@ -36,7 +36,12 @@ class PrivateCluster:
     """``with PrivateCluster() as cluster:`` a started cluster of this process's own; ``cluster.url(name)``."""
 
     def __init__(
-        self, role: str = "db", *, settings: dict[str, str] | None = None, standby_of: PrivateCluster | None = None
+        self,
+        role: str = "db",
+        *,
+        settings: dict[str, str] | None = None,
+        standby_of: PrivateCluster | None = None,
+        trusted: tuple[str, ...] = (),
     ) -> None:
         self.version = _version()
         self.name = f"{PREFIX}{os.getpid()}_{role}"
@@ -44,6 +49,8 @@ class PrivateCluster:
         self.standby_of = standby_of
         self.port = _free_port()
         self.settings = {"listen_addresses": "127.0.0.1", **(settings or {})}
+        #: Networks (CIDR) whose clients are trusted besides 127.0.0.1: the bench's own test hosts.
+        self.trusted = trusted
 
     @property
     def config_dir(self) -> Path:
@@ -62,6 +69,8 @@ class PrivateCluster:
             # Debian's postgresql.conf reads conf.d/ last: the bench's own settings win there.
             lines = "".join(f"{key} = '{value}'\n" for key, value in self.settings.items())
             (self.config_dir / "conf.d" / "bench.conf").write_text(lines)
+            with (self.config_dir / "pg_hba.conf").open("a") as hba:
+                hba.writelines(f"host all all {network} trust\n" for network in self.trusted)
             if self.standby_of is not None:
                 self._copy_primary(self.standby_of)
             self.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import re
 import socket
@@ -49,6 +50,9 @@ MAX_LANES = 64
 _OPTIONS = ("max_attempts", "timeout", "lanes")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _MAX_JOB_NAME = 100
+#: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
+#: database and a task's admin page hold them whole, so a task carries ids, not documents.
+MAX_ARGUMENTS_BYTES = 1024 * 1024
 
 
 class FabrikaBackend(BaseTaskBackend):
@@ -56,6 +60,10 @@ class FabrikaBackend(BaseTaskBackend):
 
     ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
     least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1).
+
+    ``enqueue()`` takes arguments that are JSON without NaN or Infinity (the database's JSON has neither), at
+    most ``MAX_ARGUMENTS_BYTES`` (1 MiB) of it for args and kwargs together; anything else is a ``ValueError``
+    before a row is written. Pass ids and small values; keep documents in a row or a file and pass their id.
     """
 
     supports_defer = True
@@ -87,8 +95,8 @@ class FabrikaBackend(BaseTaskBackend):
             backend=self.alias,
             queue_name=task.queue_name,
             priority=task.priority,
-            args=normalize_json(args),  # a value that is not JSON raises here, before anything is written
-            kwargs=normalize_json(kwargs),
+            # A value that is not JSON, NaN, Infinity or too much raises here, before anything is written.
+            **_json_arguments(args, kwargs),
             run_after=task.run_after,
             due=task.run_after or now,
             enqueued_at=now,
@@ -195,6 +203,25 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
         return insert, fields
     notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
     return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
+
+
+def _json_arguments(args: Any, kwargs: Any) -> dict[str, Any]:
+    """A task's args and kwargs as JSON values, or a ``ValueError`` that says what is wrong with them."""
+    values = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}  # TypeError for what is no JSON
+    try:
+        text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        raise ValueError(
+            "A task's arguments hold NaN or Infinity, which JSON and the database have no value for: pass None "
+            "or a string instead."
+        ) from None
+    size = len(text.encode())
+    if size > MAX_ARGUMENTS_BYTES:
+        raise ValueError(
+            f"A task's arguments are {size} bytes of JSON; a task takes at most {MAX_ARGUMENTS_BYTES} (1 MiB): "
+            "store the data in a row or a file and pass its id."
+        )
+    return values
 
 
 def _handler(alias: str, queue: str) -> Any:

@@ -10,6 +10,10 @@ runs on must have the same start time, and no private cluster may be left behind
 The failover experiment (a primary and a synchronous standby of the bench's own, the primary stopped with
 ``-m immediate`` mid-drain, the standby promoted): the workers reconnect through their multi-host connection by
 themselves, and no row is lost or its effect acknowledged twice.
+
+The partition experiment (a worker in a network namespace of its own loses its link for three leases while it
+holds the lease): the other worker takes over within a lease and a poll, the fence refuses the cut-off worker's
+late writes, and once healed it works again by itself.
 """
 
 import os
@@ -83,3 +87,16 @@ def test_a_failover_to_a_synchronous_standby_loses_and_doubles_nothing():
     assert line.endswith("recovered=yes"), line
     assert _server_started_at() == before
     assert _bench_clusters() == []
+
+
+def test_a_partitioned_holder_is_taken_over_fenced_and_recovers_by_itself():
+    if not shutil.which("ip"):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("needs iproute2's ip to make a network namespace")
+    done = _chaos("--experiments", "partition", "--rows", "1800")
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("partition lost=")]
+    assert line.startswith("partition lost=0 doubled=0 longest_stall="), line
+    assert line.endswith("recovered=yes"), line
+    stall = float(line.split("longest_stall=")[1].split()[0])
+    assert stall < 2 + 0.25 + 2, line  # a lease, a poll, and the start of a run on a busy machine
+    assert _bench_clusters() == []
+    assert "fabrika_bench_" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
