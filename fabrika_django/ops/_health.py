@@ -76,7 +76,7 @@ def health_report(
         *_overdue_jobs(now, thresholds),
         *_dead_rows_grew(now, counts, thresholds),
         *_old_due_rows(now, counts, thresholds),
-        *_queue_bloat(thresholds),
+        *queue_bloat(thresholds),
         *_old_transactions(thresholds),
     ]
     return sorted(findings, key=lambda finding: finding.severity != "error")
@@ -199,7 +199,7 @@ def _postgresql_aliases(models_: list[type[models.Model]]) -> list[str]:
     return sorted(alias for alias in aliases if connections[alias].vendor == "postgresql")
 
 
-def _queue_bloat(thresholds: Thresholds) -> list[Finding]:
+def queue_bloat(thresholds: Thresholds) -> list[Finding]:
     """PostgreSQL: a queue table whose dead tuples (left by claims and finishes) vacuum has not removed."""
     by_alias: dict[str, dict[str, str]] = {}
     for model in _report.queue_models():
