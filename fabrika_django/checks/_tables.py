@@ -83,5 +83,5 @@ def _check_queue_tables_vacuum(
             obj=finding.queue,
             id="fabrika.W054",
         )
-        for finding in _health._queue_bloat(_health.configured_thresholds())
+        for finding in _health.queue_bloat(_health.configured_thresholds())
     ]

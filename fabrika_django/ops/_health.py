@@ -1,7 +1,7 @@
 """Health: what is stuck or about to hurt, each finding with a code, a severity and a sentence of what to do.
 
-Codes (public, DESIGN §14): ``stuck_lease``, ``job_overdue``, ``dead_rows_grew``, ``old_due_row``, and on
-PostgreSQL ``queue_bloat`` and ``old_transaction``. Every read is bounded: one row per job (leases and job
+Codes (public: a monitor may match them): ``stuck_lease``, ``job_overdue``, ``dead_rows_grew``, ``old_due_row``,
+and on PostgreSQL ``queue_bloat`` and ``old_transaction``. Every read is bounded: one row per job (leases and job
 states), one counting statement per queue table (from its partial index), one sample per queue through the
 samples' index, and the statistics views filtered to the queue tables and this database.
 
@@ -147,7 +147,7 @@ def health_report(
         *_overdue_jobs(now, thresholds),
         *_dead_rows_grew(now, counts, thresholds),
         *_old_due_rows(now, counts, thresholds),
-        *_queue_bloat(thresholds),
+        *queue_bloat(thresholds),
         *_old_transactions(thresholds),
     ]
     return sorted(findings, key=lambda finding: finding.severity != "error")
@@ -270,7 +270,7 @@ def _postgresql_aliases(models_: list[type[models.Model]]) -> list[str]:
     return sorted(alias for alias in aliases if connections[alias].vendor == "postgresql")
 
 
-def _queue_bloat(thresholds: Thresholds) -> list[Finding]:
+def queue_bloat(thresholds: Thresholds) -> list[Finding]:
     """PostgreSQL: a queue table whose dead tuples (left by claims and finishes) vacuum has not removed."""
     by_alias: dict[str, dict[str, str]] = {}
     for model in _report.queue_models():
