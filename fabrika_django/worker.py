@@ -365,6 +365,8 @@ class Worker:
 
     def _shutdown(self, listener: Listener | None) -> None:
         self._stop.set()
+        if listener is not None:
+            listener.wake()
         for _ in self._runners:
             self._work.put(None)
         deadline = time.monotonic() + self.grace
