@@ -44,9 +44,12 @@ def setup_django(url: str, *, lab: bool) -> None:
 
 class WorkerProcess:
     """A ``manage.py fabrika_job worker`` process of the test project on ``url`` (the lab app installed), its
-    output in a log file of its own; ``env`` adds to its environment."""
+    output in a log file of its own; ``env`` adds to its environment, and ``wrapper`` runs it through another command
+    (``ip netns exec NAME``: a worker on a host of its own)."""
 
-    def __init__(self, url: str, arguments: list[str], *, prefix: str, env: dict[str, object]) -> None:
+    def __init__(
+        self, url: str, arguments: list[str], *, prefix: str, env: dict[str, object], wrapper: tuple[str, ...] = ()
+    ) -> None:
         self.log = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".log", delete=False)  # noqa: SIM115
         environ = dict(
             os.environ,
@@ -57,7 +60,7 @@ class WorkerProcess:
         )
         environ.update({key: str(value) for key, value in env.items()})
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", *arguments],
+            [*wrapper, sys.executable, str(ROOT / "manage.py"), "fabrika_job", "worker", *arguments],
             cwd=ROOT,
             env=environ,
             stdout=self.log,

@@ -1,9 +1,9 @@
 """The worker's own metrics (prometheus-client, the extra ``prometheus``): off until a worker serves them.
 
-``fabrika_job worker --metrics-port PORT`` calls ``serve(PORT)``, which makes the instruments and serves them at
-``/metrics``; until then every ``observe_*`` is one ``None`` test, so a project without the extra (or a worker
-without the flag, or ``run_job`` in a test) pays nothing. Names are public (DESIGN §14); labels are the job and
-the outcome, never a row id.
+``fabrika_job worker --metrics-port PORT [--metrics-addr ADDR]`` calls ``serve(PORT, ADDR)``, which makes the
+instruments and serves them at ``/metrics`` (``_metrics_http``: bounded connections, the metrics token); until
+then every ``observe_*`` is one ``None`` test, so a project without the extra (or a worker without the flag, or
+``run_job`` in a test) pays nothing. Names are public; labels are the job and the outcome, never a row id.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+from . import _metrics_http
 
 try:  # an optional dependency: fabrika works without it, only the metrics need it
     import prometheus_client
@@ -79,21 +81,29 @@ def _make_instruments() -> _Instruments:
 
 
 _instruments: _Instruments | None = None
+_server: _metrics_http.Server | None = None
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104  a scraper comes from another host
-    """Turn the worker's instruments on and serve them at ``http://addr:port/metrics`` from a daemon thread."""
-    global _instruments
+def serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Turn the worker's instruments on and serve them at ``http://addr:port/metrics`` (see ``_metrics_http``)."""
+    global _instruments, _server
     instruments = _make_instruments()
-    prometheus_client.start_http_server(port, addr, registry=instruments.registry)
+
+    def render() -> tuple[bytes, str]:
+        return prometheus_client.generate_latest(instruments.registry), prometheus_client.CONTENT_TYPE_LATEST
+
+    _server = _metrics_http.Server(addr, port, render)
     _instruments = instruments
-    logger.info("Metrics served port=%d", port)
+    logger.info("Metrics served addr=%s port=%d", addr, port)
 
 
 def reset() -> None:
-    """Turn the instruments off (tests)."""
-    global _instruments
+    """Turn the instruments off and stop serving them (tests)."""
+    global _instruments, _server
     _instruments = None
+    if _server is not None:
+        _server.close()
+        _server = None
 
 
 def observe_attempt(job: str, outcome: str, seconds: float) -> None:

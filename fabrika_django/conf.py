@@ -34,7 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "FILE_STATE": None,
     # The file sweep, opt-in: {"storages": ["default"], "older_than_days": 7}; None: no sweep.
     "FILE_SWEEP": None,
-    # A bearer token that lets a scraper read fabrika_django.metrics.view without a staff session (None: staff only).
+    # A bearer token that lets a scraper read fabrika_django.metrics.view without a staff session (None: staff only);
+    # where set, the worker's --metrics-port endpoint answers only its bearer too.
     "METRICS_TOKEN": None,
 }
 

@@ -9,14 +9,18 @@ too), a DELETE ``delete_``; fabrika's own tables are exempt.
 
 Statements are read with sqlparse's tokenizer (Django's own dependency), never by their first word: a comment
 before the verb, a second statement after a read, a data-modifying CTE, ``UPDATE ONLY``, schema-qualified and
-quoted names are all seen; PREPARE is read for the statement it prepares. A statement the guard cannot classify
-(DDL, a DO block, CALL, COPY, EXECUTE, ...) counts as a write whose table is unknown: it needs ctx.transaction(),
-and a job that declares actions may not run it (the framework's own EXECUTEs excepted).
+quoted names are all seen; PREPARE is read for the statement it prepares, and MySQL's executable comments
+(``/*! … */``, ``/*!50000 … */``, MariaDB's ``/*M! … */``) for the SQL MySQL runs from them. A statement the guard
+cannot classify (DDL, a DO block, CALL, COPY, EXECUTE, ``SELECT … INTO`` that makes a table or sets a variable, ...)
+counts as a write whose table is unknown: it needs ctx.transaction(), and a job that declares actions may not run
+it (the framework's own EXECUTEs excepted). So does a write whose table the guard cannot name for sure: a Unicode
+escaped name (``U&"…"``), or more than one table (``UPDATE a JOIN b``, ``UPDATE a, b``, ``DELETE a, b FROM …``).
 Each SQL string is classified once (an LRU cache): the guard sees every statement of every job.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -52,6 +56,13 @@ _BEFORE_TARGET = frozenset(
      "FAIL", "ROLLBACK"}
 )  # fmt: skip
 _QUOTES = '"`[]'
+# The words that end an UPDATE's tables (MySQL's multi-table UPDATE lists or joins them before SET).
+_JOINS = frozenset({"JOIN", "INNER JOIN", "LEFT JOIN", "RIGHT JOIN", "CROSS JOIN", "STRAIGHT_JOIN", "NATURAL JOIN"})
+# What may stand between INSERT/REPLACE/MERGE and INTO; an INTO after anything else is SELECT … INTO.
+_INTO_AFTER = frozenset({"INSERT", "REPLACE", "MERGE", "IGNORE", "LOW_PRIORITY", "HIGH_PRIORITY", "DELAYED", "OR",
+                         "ABORT", "FAIL", "ROLLBACK"})  # fmt: skip
+# MySQL runs the text of /*! … */ (and MariaDB of /*M! … */), after an optional version number.
+_EXECUTABLE_COMMENT = re.compile(r"/\*M?!\d*(.*?)\*/\Z", re.DOTALL)
 # Statements longer than this are classified each time (a bulk INSERT's text varies with its row count).
 _CACHED_CHARS = 4096
 
@@ -152,6 +163,8 @@ def _classify(sql: str) -> tuple[_Write, ...]:
         if first not in _NEUTRAL_VERBS and first != "WITH" and first not in _ACTION_OF_VERB and first != "MERGE":
             writes.append(_Write(None, None))  # DDL, DO, CALL, COPY, LOCK, or what the guard cannot read
             continue
+        if _selects_into(statement):
+            writes.append(_Write(None, None))  # SELECT … INTO newtab makes a table (MySQL's: a variable, a file)
         for index, (ttype, value) in enumerate(statement):
             verb = value.upper()
             if ttype not in T.Keyword or not (verb in _ACTION_OF_VERB or verb == "MERGE"):
@@ -162,17 +175,39 @@ def _classify(sql: str) -> tuple[_Write, ...]:
                 continue  # a function inside a statement: REPLACE (...), INSERT (...) (MySQL's string functions)
             # MERGE may insert, change and delete: it needs all three; the guard reads it as unknown.
             action = _ACTION_OF_VERB.get(verb)
-            writes.append(_Write(action, _target(statement, index + 1) if action else None))
+            writes.append(_Write(action, _target(statement, index + 1, verb) if action else None))
     return tuple(writes)
+
+
+def _selects_into(statement: list[tuple[Any, str]]) -> bool:
+    """Whether an INTO of the statement follows no INSERT, REPLACE or MERGE (``SELECT … INTO …``)."""
+    for index, (ttype, value) in enumerate(statement):
+        if ttype in T.Keyword and value.upper() == "INTO":
+            before = index - 1
+            while before >= 0 and statement[before][1].upper() in _INTO_AFTER - {"INSERT", "REPLACE", "MERGE"}:
+                before -= 1
+            if before < 0 or statement[before][1].upper() not in ("INSERT", "REPLACE", "MERGE"):
+                return True
+    return False
 
 
 _cached_classify = lru_cache(maxsize=1024)(_classify)
 
 
+def _tokens(sql: str) -> Iterator[tuple[Any, str]]:
+    """sqlparse's tokens of ``sql``, with each executable comment's text read as SQL in its place."""
+    for ttype, value in sqlparse.lexer.tokenize(sql):
+        executable = _EXECUTABLE_COMMENT.match(value) if ttype in T.Comment else None
+        if executable:
+            yield from _tokens(executable.group(1))
+        else:
+            yield ttype, value
+
+
 def _statements(sql: str) -> Iterator[list[tuple[Any, str]]]:
     """Yield each statement of ``sql`` as its significant tokens (no whitespace, comments or leading '(')."""
     statement: list[tuple[Any, str]] = []
-    for ttype, value in sqlparse.lexer.tokenize(sql):
+    for ttype, value in _tokens(sql):
         if ttype in T.Whitespace or ttype in T.Comment or ttype in T.Newline:
             continue
         if ttype in T.Punctuation and value == ";":
@@ -185,8 +220,9 @@ def _statements(sql: str) -> Iterator[list[tuple[Any, str]]]:
         yield statement
 
 
-def _target(statement: list[tuple[Any, str]], index: int) -> str | None:
-    """Return the table named after a write verb (its last part, unquoted), or None if none is named."""
+def _target(statement: list[tuple[Any, str]], index: int, verb: str) -> str | None:
+    """Return the one table named after a write verb (its last part, unquoted), or None if none is named or the
+    guard cannot be sure of it (a Unicode-escaped name, more than one table)."""
     while index < len(statement) and statement[index][1].upper() in _BEFORE_TARGET:
         index += 1
     name = None
@@ -194,13 +230,31 @@ def _target(statement: list[tuple[Any, str]], index: int) -> str | None:
         ttype, value = statement[index]
         if not (ttype in T.Name or ttype in T.Literal.String.Symbol or ttype in T.Keyword):
             return None
+        if index + 1 < len(statement) and statement[index + 1][1] == "&":
+            return None  # U&"d\0061t": PostgreSQL's escaped name, which may spell any table
         name = value.strip(_QUOTES)
         # A schema-qualified name: keep the part after the last dot.
         if index + 2 < len(statement) and statement[index + 1][1] == ".":
             index += 2
             continue
-        return name
+        return None if _more_tables(statement, index + 1, verb) else name
     return name
+
+
+def _more_tables(statement: list[tuple[Any, str]], index: int, verb: str) -> bool:
+    """Whether more tables follow the first one: ``a, b`` (MySQL's multi-table forms), or ``a JOIN b`` before an
+    UPDATE's SET (MySQL's UPDATE writes any of them; PostgreSQL's FROM and USING come after and are only read)."""
+    if index < len(statement) and statement[index][1] == ",":
+        return True
+    if verb != "UPDATE":
+        return False
+    for _, value in statement[index:]:
+        word = " ".join(value.upper().split())
+        if word == "SET":
+            return False
+        if word == "," or word in _JOINS:
+            return True
+    return False
 
 
 def _model_of_table(table: str) -> Any:

@@ -13,7 +13,6 @@ counted up to 10,000, and 10,001 means more), ``fabrika_queue_oldest_due_age_sec
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -24,8 +23,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from ._metrics import require_prometheus
+from ._metrics_http import bearer_matches
 from ._report import count_queue, job_states, queue_models
-from .conf import settings
 
 _client = require_prometheus()  # routing the view without the extra fails at start-up, saying what to install
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402  after the check above
@@ -82,21 +81,13 @@ class _DatabaseGauges:
         yield from (active, pending, failures, since)
 
 
-def _token_matches(request: HttpRequest) -> bool:
-    token = settings.METRICS_TOKEN
-    header = request.headers.get("Authorization", "")
-    if not token or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header.removeprefix("Bearer ").encode(), str(token).encode())
-
-
 @never_cache
 @require_GET
 def view(request: HttpRequest) -> HttpResponse:
     """Serve fabrika's database gauges in Prometheus' text format, to staff or to the bearer of METRICS_TOKEN."""
     user: Any = getattr(request, "user", None)
     staff = bool(user is not None and user.is_active and user.is_staff)
-    if not staff and not _token_matches(request):
+    if not staff and not bearer_matches(request.headers.get("Authorization", "")):
         if user is not None and user.is_authenticated:
             return HttpResponse("Staff only.\n", status=403, content_type="text/plain")
         response = HttpResponse(

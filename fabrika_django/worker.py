@@ -51,6 +51,9 @@ from .kicks import request_run
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 4
+#: Runs one process may execute at once: each is a thread and a database connection, and past a few hundred the
+#: process only waits on the database (more throughput comes from more workers).
+MAX_CONCURRENCY = 256
 #: Seconds a stopping worker waits for its runs to end (their attempts are aborted at once).
 DEFAULT_GRACE = 10.0
 
@@ -76,8 +79,8 @@ class Worker:
         grace: float = DEFAULT_GRACE,
         install_signals: bool = True,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency={concurrency!r} is not valid: give 1 or more.")
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency={concurrency!r} is not valid: give 1 to {MAX_CONCURRENCY}.")
         jobs = [registry.get(name) for name in only] if only is not None else list(registry)
         self.jobs: dict[str, CronJob] = {job.name: job for job in jobs}
         self.concurrency = concurrency

@@ -3,6 +3,7 @@
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.admin import site
@@ -19,6 +20,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
 from fabrika_django._report import count_queue, count_sql, queue_models
 from fabrika_django.admin import QueueModelAdmin, QueueModelAdminMixin, StateListFilter, _overview
@@ -120,12 +122,21 @@ def test_state_filter_offers_the_four_states(admin_client):
     assert [str(label) for _value, label in spec.lookup_choices] == ["waiting", "due now", "dead", "done"]
 
 
-def test_due_column_shows_the_time_relative_and_absolute(admin_client):
-    ReminderFactory(due=timezone.now() + timedelta(hours=2, minutes=1))
-    ReminderFactory(due=timezone.now() - timedelta(days=3, minutes=1))
-    html = admin_client.get(REMINDERS).content.decode()
-    assert re.search(r"in 2\xa0hours <span class=\"fabrika-quiet\">\([A-Z][a-z]{2}\.? \d+, 20\d\d, ", html)
-    assert re.search(r"3\xa0days ago <span class=\"fabrika-quiet\">\(", html)
+def test_due_column_shows_the_time_relative_and_absolute_with_its_zone(admin_client, settings):
+    settings.TIME_ZONE = "Europe/Berlin"
+    soon = timezone.now() + timedelta(hours=2, minutes=1)
+    ReminderFactory(due=soon)
+    ReminderFactory(due=datetime(2026, 7, 1, 10, 0, tzinfo=UTC))  # summer: 12:00 in Berlin
+    html = admin_client.get(REMINDERS, {"o": "3"}).content.decode()
+    local = timezone.localtime(soon, ZoneInfo("Europe/Berlin"))
+    short = f"{local:%Y-%m-%d %H:%M} {local.tzname()}"
+    assert re.search(
+        rf'title="[A-Z][a-z]{{2}}\.? \d+, 20\d\d, [^"]+ {local.tzname()}">'
+        r'<span class="fabrika-nowrap">in 2\xa0hours</span> '
+        rf'<span class="fabrika-quiet fabrika-nowrap">{short}</span></time>',
+        html,
+    )
+    assert re.search(r'ago</span> <span class="fabrika-quiet fabrika-nowrap">2026-07-01 12:00 CEST</span>', html)
 
 
 def test_list_shows_attempts_and_last_failure_columns(admin_client):
@@ -540,6 +551,25 @@ def test_attempts_filter_by_job_outcome_and_trigger(admin_client, query, expecte
     }
     response = admin_client.get(ATTEMPTS, query)
     assert {attempt.pk for attempt in response.context["cl"].result_list} == {made[name].pk for name in expected}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0.0004, "< 1 ms"), (0.0123, "12 ms"), (0.9996, "1.0 s"), (2.449, "2.4 s"), (95.4, "95 s")],
+)
+def test_attempts_list_says_how_long_each_took_in_milliseconds_under_a_second(admin_client, seconds, shown):
+    attempt = _attempt()
+    Attempt.objects.filter(pk=attempt.pk).update(finished=attempt.started + timedelta(seconds=seconds))
+    html = admin_client.get(ATTEMPTS).content.decode()
+    assert f'<td class="field-took">{escape(shown)}</td>' in html
+
+
+def test_attempts_list_shows_when_each_started_with_its_zone(admin_client, settings):
+    settings.TIME_ZONE = "Europe/Berlin"
+    attempt = _attempt()
+    Attempt.objects.filter(pk=attempt.pk).update(started=datetime(2026, 1, 5, 9, 30, tzinfo=UTC))
+    html = admin_client.get(ATTEMPTS).content.decode()
+    assert '<span class="fabrika-quiet fabrika-nowrap">2026-01-05 10:30 CET</span>' in html
 
 
 def test_attempt_page_shows_the_failure_code_class_and_frames_read_only(admin_client):

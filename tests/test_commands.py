@@ -216,8 +216,22 @@ def test_worker_gets_the_verbosity(fake_worker):
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["--concurrency", "0"], "Error: argument --concurrency: give a whole number of 1 or more, not '0'"),
-        (["--concurrency", "two"], "Error: argument --concurrency: give a whole number of 1 or more, not 'two'"),
+        (["--concurrency", "0"], "Error: argument --concurrency: give a whole number from 1 to 256, not '0'"),
+        (["--concurrency", "two"], "Error: argument --concurrency: give a whole number from 1 to 256, not 'two'"),
+        (["--concurrency", "257"], "Error: argument --concurrency: give a whole number from 1 to 256, not '257'"),
+        (
+            ["--concurrency", "99999999999999999999"],
+            "Error: argument --concurrency: give a whole number from 1 to 256, not '99999999999999999999'",
+        ),
+        (["--concurrency", "\u0663"], "Error: argument --concurrency: give a whole number from 1 to 256, not '\u0663'"),
+        (["--concurrency", "+3"], "Error: argument --concurrency: give a whole number from 1 to 256, not '+3'"),
+        (["--concurrency", " 3"], "Error: argument --concurrency: give a whole number from 1 to 256, not ' 3'"),
+        (["--concurrency", "3_0"], "Error: argument --concurrency: give a whole number from 1 to 256, not '3_0'"),
+        (["--metrics-port", "\u0663"], "Error: argument --metrics-port: give a TCP port from 1 to 65535, not '\u0663'"),
+        (
+            ["--metrics-port", "\uff19\uff11\uff10\uff18"],
+            "Error: argument --metrics-port: give a TCP port from 1 to 65535, not '\uff19\uff11\uff10\uff18'",
+        ),
         (["--only", ","], "Error: argument --only: give job names separated by commas, e.g. send_outbox,mark_overdue"),
     ],
 )
@@ -479,6 +493,8 @@ def test_requeue_usage_errors_exit_2(args, error):
         ["requeue", "nope.Model", "--dead"],
         ["requeue", "reminders.Reminder"],
         ["worker", "--concurrency", "0"],
+        ["worker", "--concurrency", "99999999999999999999"],
+        ["worker", "--metrics-port", "\u0663"],
         ["worker", "--only", "ghost"],
         ["status", "--bogus"],
         ["bogus"],

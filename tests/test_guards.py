@@ -35,6 +35,12 @@ pytestmark = pytest.mark.django_db
         ("DO $$ BEGIN UPDATE lab_item SET n = 1; END $$", True),
         ('SELECT REPLACE ("note", %s, %s) AS "delete" FROM "lab_mark"', False),
         ("EXPLAIN ANALYZE DELETE FROM lab_mark", True),
+        ("/*!50000 UPDATE lab_item SET n = 1 */", True),
+        ("SELECT 1 /*! ; DELETE FROM lab_item */", True),
+        ("/*M!100100 DELETE FROM lab_item */", True),
+        ("/* ! not executable: UPDATE lab_item SET n = 1 */ SELECT 1", False),
+        ("SELECT * INTO newtab FROM lab_item", True),
+        ("SELECT n INTO @n FROM lab_item", True),
     ],
 )
 def test_is_write_tells_writes_from_reads(sql, writes):
@@ -66,6 +72,49 @@ def test_is_write_tells_writes_from_reads(sql, writes):
     ],
 )
 def test_required_permissions_name_each_model_and_action(sql, needed):
+    assert required_permissions(sql) == needed
+
+
+@pytest.mark.parametrize(
+    "sql, needed",
+    [
+        ("/*!50000 UPDATE `lab_item` SET `n` = 1 */", ("lab.change_item",)),
+        ("SELECT 1; /*! DELETE FROM lab_item */", ("lab.delete_item",)),
+        ("/*M! INSERT INTO lab_mark (job) VALUES ('x') */", ("lab.add_mark",)),
+    ],
+)
+def test_mysqls_executable_comments_are_read_as_the_sql_mysql_runs(sql, needed):
+    assert required_permissions(sql) == needed
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * INTO newtab FROM lab_item",
+        "SELECT * INTO TEMP newtab FROM lab_item",
+        'UPDATE U&"lab_item" SET "n" = 1',
+        'UPDATE U&"l\\0061b_item" SET "n" = 1',
+        "UPDATE lab_item JOIN lab_mark ON 1 = 1 SET lab_mark.note = 'x'",
+        "UPDATE lab_item i INNER JOIN lab_mark m ON 1 = 1 SET m.note = 'x'",
+        "UPDATE lab_mark, lab_item SET lab_item.n = 1",
+        "DELETE lab_mark, lab_item FROM lab_mark JOIN lab_item",
+    ],
+)
+def test_a_write_whose_table_the_guard_cannot_be_sure_of_is_an_unknown_write(sql):
+    assert is_write(sql)
+    with pytest.raises(ValueError, match="cannot tell which table"):
+        required_permissions(sql)
+
+
+@pytest.mark.parametrize(
+    "sql, needed",
+    [
+        ('UPDATE "lab_item" SET "n" = 1 FROM "lab_mark", "auth_user" WHERE 1 = 1', ("lab.change_item",)),
+        ('DELETE FROM "lab_item" USING "lab_mark", "auth_user"', ("lab.delete_item",)),
+        ("INSERT INTO lab_mark (job) SELECT 'x' FROM lab_item", ("lab.add_mark",)),
+    ],
+)
+def test_postgresqls_read_only_tables_of_a_write_are_not_more_tables_to_write(sql, needed):
     assert required_permissions(sql) == needed
 
 
@@ -155,6 +204,7 @@ def test_a_write_hidden_behind_a_comment_or_a_read_is_still_refused_outside_the_
         'UPDATE ONLY "lab_item" SET "attempts" = 1',
         '/* x */ UPDATE "lab_item" SET "attempts" = 1',
         "DO $$ BEGIN UPDATE lab_item SET attempts = 1; END $$",
+        'UPDATE U&"lab_item" SET "attempts" = 1',
     ],
 )
 def test_a_write_the_job_holds_no_permission_for_is_refused_however_it_is_spelled(sql):
@@ -246,3 +296,38 @@ def test_the_orms_writes_as_each_database_spells_them_need_their_permission(writ
 def test_mysqls_own_write_syntax_and_backtick_quoting_need_their_permission(sql, needed):
     assert _refused_write(lambda cursor: cursor.execute(sql)) == [f"lab.{needed}_mark"]
     assert not Mark.objects.exists()
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "/*!50000 UPDATE `lab_item` SET `attempts` = 1 */",
+        "SELECT 1 /*! ; UPDATE `lab_item` SET `attempts` = 1 */",
+        "UPDATE `lab_item` JOIN `lab_mark` ON 1 = 1 SET `lab_item`.`attempts` = 1",
+    ],
+)
+def test_on_mysql_an_executable_comment_or_a_join_writes_and_is_refused(sql):
+    Item.objects.create()
+    with temporary_job(_raw(sql, in_transaction=False), name="raw_writer"):
+        assert run_job("raw_writer").failure == "write_outside_transaction"
+    with temporary_job(_raw(sql, in_transaction=True), name="raw_writer", actions=["lab.add_mark"]):
+        assert run_job("raw_writer").failure == "capability_refused"
+    assert Item.objects.get().attempts == 0
+
+
+@pytest.mark.postgresql
+def test_on_postgresql_select_into_makes_a_table_and_is_refused():
+    with temporary_job(
+        _raw("SELECT * INTO fabrika_test_newtab FROM lab_item", in_transaction=False), name="raw_writer"
+    ):
+        assert run_job("raw_writer").failure == "write_outside_transaction"
+    with temporary_job(
+        _raw("SELECT * INTO fabrika_test_newtab FROM lab_item", in_transaction=True),
+        name="raw_writer",
+        actions=["lab.view_item"],
+    ):
+        assert run_job("raw_writer").failure == "capability_refused"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('fabrika_test_newtab')")
+        assert cursor.fetchone() == (None,)

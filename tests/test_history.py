@@ -11,6 +11,7 @@ import pytest
 from fabrika_django import _digest, _history
 from fabrika_django._charts import Series, lines, stacked_bars
 from fabrika_django._history import FOLD_GRACE, HOURS, fold_hours, hour_slots, job_hours, queue_hours
+from fabrika_django.admin._pictures import job_pictures
 from fabrika_django.models import Attempt, AttemptHour, FoldedHour, QueueSample
 
 NOW = datetime(2026, 12, 3, 20, 30, tzinfo=UTC)
@@ -215,3 +216,11 @@ def test_samples_are_taken_by_the_built_in_job_and_pruned_with_the_history():
     assert QueueSample.objects.filter(pk=taken.pk).exists()
     assert not FoldedHour.objects.filter(hour=stale).exists() and not AttemptHour.objects.filter(job="gone").exists()
     assert FoldedHour.objects.count() == folded  # the day's folds are kept
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("count", "said"), [(1, "1 attempt in the last 24 hours"), (2, "2 attempts in the last")])
+def test_the_attempts_summary_counts_in_the_plural_only_past_one(count, said):
+    Attempt.objects.bulk_create(_attempt("a", NOW - timedelta(minutes=10 + n), 0.2) for n in range(count))
+    summary = job_pictures(["a"], NOW)["a"]["attempts_summary"]
+    assert summary.startswith(said), summary

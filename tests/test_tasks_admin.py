@@ -1,5 +1,7 @@
 """The tasks page: status, queue and function filters, args only on a task's page, requeue of failed tasks."""
 
+from datetime import UTC, datetime
+
 import pytest
 from django.utils import timezone
 
@@ -87,3 +89,39 @@ def test_the_overview_counts_the_tasks_table(admin_client):
         "dead": 1,
         "done": 0,
     }
+
+
+def _filter_titles(response):
+    return [str(spec.title) for spec in response.context["cl"].filter_specs]
+
+
+def test_the_list_offers_one_status_filter_and_the_state_filter_only_while_the_overview_uses_it(admin_client):
+    tasks.add.enqueue(1, 2)
+    assert _filter_titles(admin_client.get(TASKS)) == ["status", "queue", "function", "backend"]
+    arrived = admin_client.get(f"{TASKS}?state=dead")  # from the overview's count: it shows what filters the list
+    assert _filter_titles(arrived) == ["status", "queue", "function", "backend", "state"]
+    assert arrived.context["cl"].result_count == 0
+
+
+def test_the_list_shows_times_with_their_zone_and_the_function_wrapping_at_its_dots(admin_client, settings):
+    settings.TIME_ZONE = "Europe/Berlin"
+    result = tasks.add.enqueue(1, 2)
+    QueuedTask.objects.filter(result_id=result.id).update(enqueued_at=datetime(2026, 7, 1, 10, 0, tzinfo=UTC))
+    html = admin_client.get(TASKS).content.decode()
+    assert '<span class="fabrika-quiet fabrika-nowrap">2026-07-01 12:00 CEST</span>' in html
+    assert "testproject.<wbr>lab.<wbr>tasks.<wbr>add" in html
+    page = admin_client.get(f"{TASKS}{QueuedTask.objects.get().pk}/change/").content.decode()
+    assert "2026-07-01 12:00 CEST" in page  # the task's own page too
+
+
+def test_a_task_that_succeeds_after_a_failure_keeps_its_code_shown_as_before_the_success(admin_client):
+    result = tasks.add.enqueue(1, 2)
+    QueuedTask.objects.filter(result_id=result.id).update(last_failure="task_failed")
+    run_tasks()
+    row = QueuedTask.objects.get(result_id=result.id)
+    assert (row.status, row.last_failure) == ("SUCCESSFUL", "task_failed")  # the code is history, as errors are
+    page = admin_client.get(f"{TASKS}{row.pk}/change/").content.decode()
+    assert '<code>task_failed</code> <span class="fabrika-quiet">(before the success)</span>' in page
+    QueuedTask.objects.filter(pk=row.pk).update(status="FAILED")
+    page = admin_client.get(f"{TASKS}{row.pk}/change/").content.decode()
+    assert "<code>task_failed</code>" in page and "(before the success)" not in page

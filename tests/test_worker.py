@@ -566,3 +566,9 @@ def test_a_worker_whose_connections_were_cut_recovers_and_serves_the_next_kick()
         )
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize("concurrency", [0, 257, 10**20])
+def test_a_worker_refuses_a_concurrency_outside_one_to_256(concurrency):
+    with pytest.raises(ValueError, match=r"is not valid: give 1 to 256\.$"):
+        Worker(concurrency=concurrency, install_signals=False)

@@ -25,6 +25,7 @@ from ..kicks import kick
 from ..models import Attempt, Job, Outcome
 from ..schedule import Schedule
 from ._queues import _relative
+from ._times import time_column, took
 
 _RECENT_ATTEMPTS = 10
 
@@ -386,7 +387,7 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class AttemptAdmin(HistoryAdmin):
     """Attempts: read-only history."""
 
-    list_display = ("job", "number", "trigger", "outcome_badge", "started", "took", "error_class", "short_run")
+    list_display = ("job", "number", "trigger", "outcome_badge", "started_at", "took", "error_class", "short_run")
     list_filter = (_JobFilter, "outcome", "trigger")
     fields = (
         "job",
@@ -413,14 +414,15 @@ class AttemptAdmin(HistoryAdmin):
         fields = list(super().get_fields(request, obj))
         return fields if obj is not None and obj.message else [name for name in fields if name != "message"]
 
+    started_at = time_column("started", _("started"))
+
     @admin.display(description=_("outcome"), ordering="outcome")
     def outcome_badge(self, attempt: Attempt) -> str:
         return _outcome_badge(attempt.outcome)
 
     @admin.display(description=_("took"))
     def took(self, attempt: Attempt) -> str:
-        duration = attempt.duration
-        return f"{duration.total_seconds():.1f} s" if duration is not None else "—"
+        return took(attempt.duration.total_seconds()) if attempt.duration is not None else "—"
 
     @admin.display(description=_("run"), ordering="run_id")
     def short_run(self, attempt: Attempt) -> str:

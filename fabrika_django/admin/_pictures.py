@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils.text import slugify
+from django.utils.translation import ngettext
 
 from .._charts import Series, legend, lines, stacked_bars
 from .._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
@@ -41,8 +42,9 @@ def _attempts_summary(hours: JobHours, slots: list[datetime]) -> str:
     failed = total - by_band.get("succeeded", 0)
     parts = ", ".join(f"{count} {_BAND_LABELS[band]}" for band, count in by_band.items())
     busiest = max(range(len(slots)), key=lambda index: totals[index])
+    counted = ngettext("%(count)d attempt", "%(count)d attempts", total) % {"count": total}
     return (
-        f"{total} attempts in the last 24 hours ({parts}); {failed} failed. "
+        f"{counted} in the last 24 hours ({parts}); {failed} failed. "
         f"Busiest hour {slots[busiest]:%H:%M} UTC with {totals[busiest]}."
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
@@ -12,14 +11,15 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.formats import date_format
 from django.utils.html import format_html
-from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .._queuestate import STATES, row_state_at, state_q
 from .._requeue import RunningTasks, requeue_rows
+from ._times import moment, relative
+
+_relative = relative  # the name the jobs page and the overview import
 
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
 _READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
@@ -45,23 +45,6 @@ def _flat(lines: Any) -> list[str]:
 
 def _badge(state: str, label: Any) -> str:
     return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
-
-
-def _relative(value: datetime, now: datetime) -> str:
-    """Say how far ``value`` is from ``now`` in words: "in 5 minutes", "3 hours ago", or "just now" within a minute."""
-    if abs((value - now).total_seconds()) < 60:
-        return str(_("just now"))
-    if value > now:
-        return str(_("in %(time)s") % {"time": timeuntil(value, now, depth=1)})
-    return str(_("%(time)s ago") % {"time": timesince(value, now, depth=1)})
-
-
-def _moment(value: datetime | None, now: datetime) -> str:
-    """Return "in 5 minutes (2 Dec 2026 19:45)" or "3 hours ago (...)" in the current time zone."""
-    if value is None:
-        return "—"
-    absolute = date_format(timezone.localtime(value), "DATETIME_FORMAT")
-    return format_html('{} <span class="fabrika-quiet">({})</span>', _relative(value, now), absolute)
 
 
 class StateListFilter(admin.SimpleListFilter):
@@ -148,7 +131,7 @@ class QueueModelAdminMixin(_AdminBase):
 
     @admin.display(description=_("due"), ordering="due")
     def queue_due(self, row: Any) -> str:
-        return _moment(row.due, timezone.now())
+        return moment(row.due, timezone.now())
 
     @admin.action(description=_("Requeue selected"), permissions=["change"])
     def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:

@@ -60,19 +60,21 @@ def _usage(message: str) -> CommandError:
     return CommandError(message, returncode=2)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"give a whole number of 1 or more, not {text!r}")
+def _whole_number(text: str) -> int | None:
+    """The value of ASCII digits, else None: ``int()`` also takes "٣", "+3", " 3" and "3_000"."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _concurrency(text: str) -> int:
+    value = _whole_number(text)
+    if value is None or not 1 <= value <= worker.MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"give a whole number from 1 to {worker.MAX_CONCURRENCY}, not {text!r}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if not 1 <= value <= 65535:
+    value = _whole_number(text)
+    if value is None or not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"give a TCP port from 1 to 65535, not {text!r}")
     return value
 
@@ -110,10 +112,17 @@ class Command(BaseCommand):
         run.add_argument("name", help="the job's name (see 'fabrika_job list')")
 
         worker = action("worker", "Fire schedules, take kicks and run jobs until SIGTERM or SIGINT.")
-        worker.add_argument("--concurrency", type=_positive_int, help="how many runs at once, of any jobs and lanes")
+        worker.add_argument(
+            "--concurrency", type=_concurrency, help="how many runs at once, of any jobs and lanes (at most 256)"
+        )
         worker.add_argument("--only", type=_job_names, metavar="NAME,NAME", help="run only these jobs")
         worker.add_argument(
             "--metrics-port", type=_port, metavar="PORT", help="serve the worker's Prometheus metrics on this port"
+        )
+        worker.add_argument(
+            "--metrics-addr",
+            metavar="ADDR",
+            help="the address the metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
         )
 
         crontab = action("crontab", "Print a crontab (UTC) that runs each scheduled job, for hosts without a worker.")
@@ -177,12 +186,20 @@ class Command(BaseCommand):
             )
 
     def _handle_worker(
-        self, *, concurrency: int | None, only: list[str] | None, metrics_port: int | None, **options: Any
+        self,
+        *,
+        concurrency: int | None,
+        only: list[str] | None,
+        metrics_port: int | None,
+        metrics_addr: str | None,
+        **options: Any,
     ) -> None:
         for name in only or ():
             registry.get(name)
+        if metrics_addr is not None and metrics_port is None:
+            raise _usage("--metrics-addr needs --metrics-port: give the port the metrics are served on.")
         if metrics_port is not None:
-            _serve_metrics(metrics_port)
+            _serve_metrics(metrics_port, metrics_addr or "127.0.0.1")
         kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
         if concurrency is not None:
             kwargs["concurrency"] = concurrency
@@ -197,7 +214,8 @@ class Command(BaseCommand):
 
     def _handle_crontab(self, *, manage_py: str | None, **options: Any) -> None:
         script = _manage_py(manage_py)
-        prefix = f"cd {shlex.quote(str(script.parent))} && {shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+        python = shlex.quote(str(_this_python()))
+        prefix = f"cd {shlex.quote(str(script.parent))} && {python} {shlex.quote(str(script))}"
         self.stdout.write("CRON_TZ=UTC")
         for job in registry:
             if job.schedule is not None:
@@ -310,16 +328,26 @@ class Command(BaseCommand):
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
 
 
-def _serve_metrics(port: int) -> None:
-    """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken)."""
+def _serve_metrics(port: int, addr: str) -> None:
+    """Serve the worker's metrics, or say in one line why not (no prometheus-client, the port taken, no such
+    address)."""
     try:
-        _metrics.serve(port)
+        _metrics.serve(port, addr)
     except ImproperlyConfigured as exc:
         raise _usage(str(exc)) from None
     except OSError as exc:
         raise _usage(
-            f"Cannot serve metrics on port {port} ({exc.strerror or type(exc).__name__}): choose another port."
+            f"Cannot serve metrics on {addr} port {port} ({exc.strerror or type(exc).__name__}): choose another "
+            "address or port."
         ) from None
+
+
+def _this_python() -> Path:
+    """Return this interpreter's path in normal form (``sys.executable`` keeps the ``..`` it was started with)."""
+    # The folder is resolved, not the file: a virtualenv's python is a symlink to the base interpreter, and the
+    # base interpreter would run the job without the virtualenv's packages.
+    executable = Path(sys.executable)
+    return executable.parent.resolve() / executable.name
 
 
 def _manage_py(given: str | None) -> Path:
