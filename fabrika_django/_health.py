@@ -1,6 +1,6 @@
 """Health: what is stuck or about to hurt, each finding with a code, a severity and a sentence of what to do.
 
-Codes (public, DESIGN §14): ``stuck_lease``, ``job_overdue``, ``dead_rows_grew``, ``old_due_row``, and on
+Codes (public: alerts match them): ``stuck_lease``, ``job_overdue``, ``dead_rows_grew``, ``old_due_row``, and on
 PostgreSQL ``queue_bloat`` and ``old_transaction``. Every read is bounded: one row per job (leases and job
 states), one counting statement per queue table (from its partial index), one sample per queue through the
 samples' index, and the statistics views filtered to the queue tables and this database.

@@ -654,9 +654,10 @@ def _expires(seconds: float) -> Any:
 # row's xmax (a dirtied page, WAL) in every fenced transaction: about a quarter millisecond of the server's.
 #
 # A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends its fenced transaction, and the
-# takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease). The
-# shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an *expired* lease ends
-# those sessions (pg_terminate_backend) before it asks for the exclusive lock: their transactions roll back,
+# takeover would wait for as long as the process stays frozen, where a frozen holder may block its job for about
+# a lease at most. The shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an
+# *expired* lease ends those sessions (pg_terminate_backend) before it asks for the exclusive lock: their
+# transactions roll back,
 # which the fence would have done at their commit anyway, since an attempt whose lease expired may not commit;
 # the exclusive lock then waits only for those sessions to exit. A live holder keeps renewing, so its lease
 # never expires and its transactions are never touched.
@@ -818,7 +819,7 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
         if not again:
             freed = mine.update(**_FREE)
             if freed and outcome in CUT_OFF:
-                # Cut off, and nobody took over: the job must not sit idle with its work left (DESIGN §15).
+                # Cut off, and nobody took over: the job must not sit idle with its work left, so it is left pending.
                 Job.objects.filter(name=lease.job, pending_since__isnull=True).update(pending_since=Now())
                 notify(lease.job)  # PostgreSQL sends it when this transaction commits
             return False

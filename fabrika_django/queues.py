@@ -154,7 +154,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
 
 
 def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
-    """Tell the run what its claim said about the backlog; a full claim asks for one more lane (DESIGN §11)."""
+    """Tell the run what its claim said about the backlog; a full claim asks for one more lane."""
     demand = getattr(run.context, "_demand", None)
     if demand is not None and demand.claimed(count, limit):
         # Imported here: _jobstate imports the models, which import this module.

@@ -11,7 +11,7 @@ so nothing a worker missed while away is lost.
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
   a run that starts clears the flag. A job with a live run is left alone: that run sees the flag when it ends
   and runs once more (``_jobstate.end_run``).
-- Lanes (DESIGN §11): a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
+- Lanes: a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
   whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
   free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
