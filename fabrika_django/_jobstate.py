@@ -31,6 +31,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from . import _digest, _prepared
+from ._caches import resets_with_settings
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START, framework_write
 from .conf import settings
@@ -350,7 +351,7 @@ def ask_for_lane(name: str, lanes: int) -> bool:
 
 # ask_for_lane's UPDATE by (database alias, job, lanes), compiled by the ORM once: every full claim of a run in
 # lanes sends it, and compiling it again each time cost more of the worker's Python than the claim's own SQL.
-_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = {}
+_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = resets_with_settings({})
 
 
 def _lane_ask(alias: str, name: str, lanes: int) -> tuple[str, tuple[Any, ...]]:
