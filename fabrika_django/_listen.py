@@ -20,6 +20,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from ._channel import CHANNEL
 from .backoff import doubling
+from .conf import settings
 
 logger = logging.getLogger("fabrika_django.worker")
 
@@ -83,6 +84,21 @@ class Listener(threading.Thread):
         self._woken, self._waker = socket.socketpair()
         self._woken.setblocking(False)
         self._waker.setblocking(False)
+
+    @classmethod
+    def if_configured(
+        cls,
+        stop: threading.Event,
+        *,
+        on_kick: Callable[[str], None],
+        on_connect: Callable[[], None],
+        on_lost: Callable[[], None],
+    ) -> Listener | None:
+        """The listener on ``FABRIKA["LISTEN_DATABASE"]``, or None when the worker polls (not PostgreSQL, or off)."""
+        alias = listen_alias(settings.LISTEN_DATABASE)
+        if alias is None:
+            return None
+        return cls(alias, stop, on_kick=on_kick, on_connect=on_connect, on_lost=on_lost)
 
     def wake(self) -> None:
         """End the thread's wait now, to look at the stop flag (from any thread; a signal handler too)."""
