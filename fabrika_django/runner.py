@@ -31,10 +31,13 @@ from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
 from .jobs import CronJob, registry
+from .models import Outcome, Trigger
 
 logger = logging.getLogger(__name__)
 
-_STOP_OUTCOMES = frozenset({"lease_lost", "shutdown"})
+_STOP_OUTCOMES = frozenset({Outcome.LEASE_LOST, Outcome.SHUTDOWN})
+#: A run that did not start: another run of the job is active, and the job was left pending for it.
+COALESCED = "coalesced"
 
 
 @dataclass
@@ -49,11 +52,11 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("succeeded", "coalesced")
+        return self.outcome in (Outcome.SUCCEEDED, COALESCED)
 
     @property
     def coalesced(self) -> bool:
-        return self.outcome == "coalesced"
+        return self.outcome == COALESCED
 
     @property
     def failure(self) -> str | None:
@@ -81,7 +84,7 @@ def sync_jobs(names: list[str] | None = None) -> None:
 
 def run(
     job: CronJob | str,
-    trigger: str = "manual",
+    trigger: str = Trigger.MANUAL,
     *,
     stop: threading.Event | None = None,
     holder: str | None = None,
@@ -121,7 +124,7 @@ def run(
     lease = _jobstate.start_or_join(start)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
-        return RunResult(job=job.name, outcome="coalesced")
+        return RunResult(job=job.name, outcome=COALESCED)
     held = _Held(lease, valid_until(sent, seconds), LaneDemand(job.name, job.lanes))
     runs = 0
     first: RunResult | None = None
@@ -179,7 +182,7 @@ def _run_attempts(
             _keep_callers_transaction_usable()
         _record(lease, outcome, error)
         _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
-        if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:
+        if outcome == Outcome.SUCCEEDED or outcome in _STOP_OUTCOMES or number >= last:
             break
         interrupted = _pause_under_lease(lease, pause(number), _lease_seconds(job), stop)
         if interrupted is not None:
@@ -189,7 +192,7 @@ def _run_attempts(
         _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
         if not _jobstate.rotate(lease, number, _lease_seconds(job)):
-            outcome = "lease_lost"
+            outcome = Outcome.LEASE_LOST
             break
         held.valid_until = valid_until(sent, _lease_seconds(job))
     logger.info(
@@ -218,11 +221,11 @@ def _pause_under_lease(
         step = min(left, lease_seconds / 3)
         if stop is not None:
             if stop.wait(step):
-                return "shutdown"
+                return Outcome.SHUTDOWN
         else:
             time.sleep(step)
         if end - time.monotonic() > 0 and not _renew(lease, lease_seconds):
-            return "lease_lost"
+            return Outcome.LEASE_LOST
     return None
 
 
@@ -251,9 +254,9 @@ def _attempt(
         mail_mode=mail_mode,
         lane=lease.lane,
         demand=held.demand,
+        claimed_at_start=lease.claimed,  # the first batch, when the start claimed it
     )
-    # The first batch, when the start claimed it (the run's first attempt only).
-    ctx._claimed_at_start, lease.claimed = lease.claimed, None
+    lease.claimed = None  # the run's first attempt only
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout
@@ -318,7 +321,7 @@ def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None)
         fields["frames"] = _frames(error)
         if settings.STORE_ERROR_MESSAGES:
             fields["message"] = str(error)
-    if outcome != "succeeded":
+    if outcome != Outcome.SUCCEEDED:
         logger.warning(
             "Attempt failed job=%s run=%s attempt=%d outcome=%s error=%s",
             lease.job,
