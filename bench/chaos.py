@@ -46,6 +46,7 @@ SEPARATE = {
     "failover": ("bench._failover", []),
     "failover-async": ("bench._failover", ["--asynchronous"]),
     "partition": ("bench._partition", []),
+    "soak": ("bench._soak", []),
 }
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
@@ -55,14 +56,16 @@ ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row
 class Worker(WorkerProcess):
     """A ``fabrika_job worker`` process serving the chaos jobs; its log in a file of its own."""
 
-    def __init__(self, url: str, wrapper: tuple[str, ...] = (), **env: object) -> None:
+    def __init__(
+        self, url: str, wrapper: tuple[str, ...] = (), only: str = "lab_chaos,lab_hold", **env: object
+    ) -> None:
         settings = {
             "FABRIKA_LEASE_SECONDS": LEASE_SECONDS,
             "FABRIKA_POLL_INTERVAL": POLL_INTERVAL,
             "FABRIKA_LOG_LEVEL": "INFO",
             "LAB_ITEM_SECONDS": ITEM_SECONDS,
         }
-        arguments = ["--only", "lab_chaos,lab_hold"]
+        arguments = ["--only", only]
         super().__init__(url, arguments, prefix="chaos-worker-", env={**settings, **env}, wrapper=wrapper)
 
     def started(self) -> bool:
@@ -163,13 +166,20 @@ def _holder_pid(job: str) -> int | None:
     return int(holder.split(":")[1]) if holder else None
 
 
-def _effect_after(moment):  # type: ignore[no-untyped-def]
+def _effect_after(moment, *, not_by: int | None = None):  # type: ignore[no-untyped-def]
+    """The first effect after ``moment``; ``not_by``: made by another process than that pid (a killed holder's
+    last effects, committed just before it died, are no sign that anyone took over)."""
     from testproject.lab.models import Effect
 
-    return Effect.objects.filter(at__gt=moment).order_by("at").values_list("at", flat=True).first()
+    effects = Effect.objects.filter(at__gt=moment).exclude(pid=not_by if not_by is not None else -1)
+    return effects.order_by("at").values_list("at", flat=True).first()
 
 
 def _settle(lab: Lab) -> None:
+    _settle_job(lab, "lab_chaos")
+
+
+def _settle_job(lab: Lab, job: str) -> None:
     """Bring the claimed-but-unfinished rows' backoff forward, as the clock would, until none waits."""
     from django.utils import timezone
 
@@ -178,7 +188,7 @@ def _settle(lab: Lab) -> None:
     from testproject.lab.models import Item
 
     def idle() -> bool:
-        return not Lease.objects.filter(job="lab_chaos", token__isnull=False).exists()
+        return not Lease.objects.filter(job=job, token__isnull=False).exists()
 
     for _ in range(12):
         lab.wait(
@@ -189,7 +199,7 @@ def _settle(lab: Lab) -> None:
         if not Item.objects.waiting().exists():
             return
         Item.objects.waiting().update(due=timezone.now())
-        kick("lab_chaos")
+        kick(job)
         lab.wait(lambda: not Item.objects.due_now().exists(), "the requeued rows to be taken", 60)
 
 
@@ -251,13 +261,19 @@ def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault, *, recover_
             break
         time.sleep(0.5)  # some work between faults, as a real outage leaves
         at = timezone.now()
-        if not fault(workers):
+        victim = fault(workers)  # False: no fault now; True: a fault; a pid: that holder was killed
+        if not victim:
             continue  # nobody held the lease at that instant (a run was starting): try again, it does not count
         if recover_from_end:
             at = timezone.now()
         done += 1
+        # Recovery is the next effect of another process: so the next fault never hits a holder that has not
+        # worked yet, and one stall is never two takeovers back to back.
+        not_by = victim if victim is not True else None
         after = lab.wait(
-            lambda at=at: _effect_after(at) or (not Item.objects.due_now().exists() and "drained"),
+            lambda at=at, not_by=not_by: (
+                _effect_after(at, not_by=not_by) or (not Item.objects.due_now().exists() and "drained")
+            ),
             f"work to resume after {name} {done}",
             60,
         )
@@ -283,7 +299,7 @@ def _drain_under(lab: Lab, name: str, rows: int, faults: int, fault, *, recover_
 
 
 def kills(lab: Lab, rows: int, count: int) -> dict:
-    def kill_holder(workers: list[Worker]) -> bool:
+    def kill_holder(workers: list[Worker]) -> int | bool:
         pid = _holder_pid("lab_chaos")
         victim = next((worker for worker in workers if worker.pid == pid), None)
         if victim is None:
@@ -291,7 +307,7 @@ def kills(lab: Lab, rows: int, count: int) -> dict:
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(30)
         workers[workers.index(victim)] = lab.worker(wait=False)  # two workers again, once it has started
-        return True
+        return victim.pid
 
     return _drain_under(lab, "SIGKILL the holder", rows, count, kill_holder)
 

@@ -102,7 +102,7 @@ def _fill_history(cursor, rows: int) -> None:
 
 
 def _queue_labels() -> list[str]:
-    from fabrika_django._report import queue_models
+    from fabrika_django.ops._report import queue_models
 
     return [model._meta.label for model in queue_models()]
 
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from fabrika_django._report import count_queue, count_sql
     from fabrika_django.admin._overview import DONE_COUNT_CAP
+    from fabrika_django.ops._report import count_queue, count_sql
     from testproject.lab.models import Item
 
     with connection.cursor() as cursor:
@@ -237,9 +237,9 @@ def _bench_sampling(model, repeat: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from fabrika_django._history import FOLD_GRACE, fold_hours, hour_slots, take_samples
-    from fabrika_django._report import count_sql
     from fabrika_django.models import FoldedHour, QueueSample
+    from fabrika_django.ops._history import FOLD_GRACE, fold_hours, hour_slots, take_samples
+    from fabrika_django.ops._report import count_sql
 
     def sample(refold: bool) -> None:
         now = timezone.now()
@@ -268,9 +268,9 @@ def _bench_page(history: int, repeat: int) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from fabrika_django._history import fold_hours, hour_slots, hourly_sql
     from fabrika_django.jobs import registry
     from fabrika_django.models import AttemptHour, FoldedHour
+    from fabrika_django.ops._history import fold_hours, hour_slots, hourly_sql
 
     _bench_jobs()
     render = _render_overview()

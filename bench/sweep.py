@@ -8,8 +8,9 @@ a fresh process so its peak RSS (``VmHWM``) is its own:
 
 - ``floor``: ``os.scandir`` of every folder, ``lstat`` and ``unlink`` of each orphan, knowing the orphans in advance
   (no database): the file system's own limit for the same deletions;
-- ``sweep``: ``fabrika_django._sweep.sweep()`` as the built-in job runs it: the streamed listing, the reference check
-  of each batch of 500, and the deleting step (``LOCK TABLE … IN SHARE MODE NOWAIT``, the re-check, the unlinks).
+- ``sweep``: ``fabrika_django.ops._sweep.sweep()`` as the built-in job runs it: the streamed listing,
+  the reference check of each batch of 500, and the deleting step (``LOCK TABLE … IN SHARE MODE NOWAIT``,
+  the re-check, the unlinks).
 
 It prints files examined per second, the sweep's share of the floor's, and peak RSS at ``--small`` and ``--files``
 files, against a process that only sets Django up: bounded memory means the same peak at both sizes. It checks that
@@ -73,7 +74,7 @@ def _child(way: str, media: str, url: str, count: int) -> None:
                         os.unlink(entry.path)
                         deleted += 1
     elif way == "sweep":
-        from fabrika_django import _sweep
+        from fabrika_django.ops import _sweep
 
         report = _sweep.sweep({"storages": ["default"], "older_than_days": 7})
         deleted = report.deleted

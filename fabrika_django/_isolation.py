@@ -21,6 +21,8 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections
 
+from ._sql import sessions as sql
+
 #: The level fabrika needs on MariaDB/MySQL, as Django's OPTIONS["isolation_level"] spells it.
 REQUIRED = "read committed"
 _DJANGO_DEFAULT = REQUIRED
@@ -76,6 +78,6 @@ def session_isolation(alias: str) -> str | None:
         variable = "tx_isolation" if getattr(connection, "mysql_is_mariadb", False) else "transaction_isolation"
         if variable == "tx_isolation" and connection.mysql_version >= (11, 1):  # type: ignore[attr-defined]
             variable = "transaction_isolation"
-        cursor.execute(f"SELECT @@SESSION.{variable}")
+        cursor.execute(sql.SESSION_VARIABLE.format(variable=variable))
         row = cursor.fetchone()
     return str(row[0]).replace("-", " ").lower() if row and row[0] else None

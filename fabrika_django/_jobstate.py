@@ -30,13 +30,14 @@ from django.db.models.functions import Coalesce, Now
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from . import _digest, _prepared
+from . import _prepared
 from ._caches import resets_with_settings
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START, framework_write
 from .conf import settings
 from .jobs import registry
 from .models import Attempt, Job, KickRequest, Lease, Outcome
+from .ops import _digest
 
 logger = logging.getLogger("fabrika_django.runner")
 

@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
+from . import _db_failure
 from ._channel import CHANNEL
 from .backoff import doubling
 from .conf import settings
@@ -121,9 +122,11 @@ class Listener(threading.Thread):
                 self._listen(wrapper)
             except Exception as exc:
                 pause = self.backoff.next()
+                server = _db_failure.server_of(connections[self.alias].settings_dict)
                 logger.warning(
-                    "Listen connection lost alias=%s error=%s retry_in=%.1fs", self.alias, type(exc).__name__, pause
-                )
+                    "Listen connection lost alias=%s server=%s kind=%s error=%s retry_in=%.1fs",
+                    self.alias, server, _db_failure.kind_of(exc), type(exc).__name__, pause,
+                )  # fmt: skip
                 self.on_lost()
                 self.stop.wait(pause)
             finally:

@@ -19,6 +19,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.signals import connection_created
 
+from ._sql import sessions as sql
 from .conf import settings
 
 
@@ -43,4 +44,4 @@ def _bound(connection: Any) -> None:
     if connection.vendor != "mysql" or "mariadb" not in connection.connection.get_server_info().lower():
         return
     with connection.cursor() as cursor:
-        cursor.execute("SET SESSION idle_transaction_timeout = %s", [idle_transaction_seconds()])
+        cursor.execute(sql.MARIADB_BOUND_IDLE_TRANSACTIONS, [idle_transaction_seconds()])

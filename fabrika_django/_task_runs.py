@@ -13,21 +13,23 @@ expired, a later run claims it again (one more attempt), or gives it up when tha
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.exceptions import SuspiciousOperation
 from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
-from . import _metrics, _prepared
+from . import _prepared
 from ._caches import resets_with_settings
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
+from ._task_paths import TaskNotRegistered, task_of
 from ._tasks_compat import (
     Task,
     TaskContext,
@@ -43,6 +45,7 @@ from .backoff import MAX_ROW_BACKOFF
 from .conf import settings
 from .exceptions import VersionConflict
 from .kicks import request_run
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 
@@ -332,14 +335,34 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
     _send_finished(backend, row)
 
 
+class _ReturnValueNotJSON(TypeError):
+    """The task returned a value JSON cannot hold (recorded as the TypeError it is, with its code)."""
+
+    code = "return_value_not_json"
+
+
 def _json(value: Any, row: Any) -> Any:
     try:
-        return normalize_json(value)
+        normalized = normalize_json(value)
+        json.dumps(normalized, allow_nan=False)  # NaN and Infinity: no JSON, and no value of the database's
     except (TypeError, ValueError) as exc:
-        raise TypeError(
+        raise _ReturnValueNotJSON(
             f"Task {row.task_path} returned a {type(value).__name__}, which is not JSON: "
             "return None, a bool, number, string, list or dict."
         ) from exc
+    return normalized
+
+
+#: What a failed attempt's ``last_failure`` says, by the error fabrika raised; "task_failed" for the task's own.
+_FAILURE_CODES: dict[type[BaseException], str] = {
+    _ReturnValueNotJSON: _ReturnValueNotJSON.code,
+    TaskNotRegistered: TaskNotRegistered.code,
+}
+#: The class a failure of fabrika's own is recorded as: the one Django's errors name (``TaskError``).
+_RECORDED_AS: dict[type[BaseException], type[BaseException]] = {
+    _ReturnValueNotJSON: TypeError,
+    TaskNotRegistered: SuspiciousOperation,
+}
 
 
 def _finish(ctx: Any, row: Any, value: Any) -> None:
@@ -351,13 +374,17 @@ def _finish(ctx: Any, row: Any, value: Any) -> None:
 def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
     from .models import TASK_ATTEMPTS_CEILING, TaskStatus
 
-    error = {"exception_class_path": _class_path(type(exc)), "traceback": _traceback(exc)}
-    values: dict[str, Any] = {"errors": [*row.errors, error], "last_failure": "task_failed"}
+    code = _FAILURE_CODES.get(type(exc), "task_failed")
+    recorded = _RECORDED_AS.get(type(exc), type(exc))
+    error = {"exception_class_path": _class_path(recorded), "traceback": _traceback(exc, recorded, code)}
+    values: dict[str, Any] = {"errors": [*row.errors, error], "last_failure": code}
     if _attempts_left(row, backend) <= 0:
         values.update(status=TaskStatus.FAILED, finished_at=timezone.now(), attempts=TASK_ATTEMPTS_CEILING)
     else:
         values["status"] = TaskStatus.READY  # due again after the claim's backoff
-    logger.warning("Task attempt failed task=%s attempt=%d error=%s", row.result_id, row.attempts, type(exc).__name__)
+    logger.warning(
+        "Task attempt failed task=%s attempt=%d error=%s code=%s", row.result_id, row.attempts, recorded.__name__, code
+    )
     _record(ctx, row, **values)
 
 
@@ -438,12 +465,14 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _traceback(exc: BaseException) -> str:
-    """Return the exception's traceback: its frames and class path, without its message unless stored."""
+def _traceback(exc: BaseException, recorded: type[BaseException], code: str) -> str:
+    """Return the exception's traceback: its frames and class path (with fabrika's code for a failure of its
+    own), without its message unless stored."""
     if settings.STORE_ERROR_MESSAGES:
         return "".join(traceback.format_exception(exc))
     frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
-    return f"Traceback (most recent call last):\n{frames}{_class_path(type(exc))}\n"
+    suffix = f": {code}" if code != "task_failed" else ""
+    return f"Traceback (most recent call last):\n{frames}{_class_path(recorded)}{suffix}\n"
 
 
 def result_of(row: Any, task: Task | None = None) -> TaskResult:
@@ -466,13 +495,3 @@ def result_of(row: Any, task: Task | None = None) -> TaskResult:
     # backends set it this way too.
     object.__setattr__(result, "_return_value", row.return_value)
     return result
-
-
-def task_of(row: Any) -> Task:
-    """Import the row's task by path, with the priority, queue, backend and run_after it was enqueued with."""
-    from django.core.exceptions import SuspiciousOperation
-
-    task = import_string(row.task_path)
-    if not isinstance(task, Task):
-        raise SuspiciousOperation(f"Task {row.result_id} names {row.task_path!r}, which is not a @task function.")
-    return task.using(priority=row.priority, queue_name=row.queue_name, backend=row.backend, run_after=row.run_after)

@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     # A bearer token that lets a scraper read fabrika_django.metrics.view without a staff session (None: staff only);
     # where set, the worker's --metrics-port endpoint answers only its bearer too.
     "METRICS_TOKEN": None,
+    # The health codes' thresholds, by name (old_due_row_seconds, old_transaction_seconds, ...): None or a dict of
+    # those changed; fabrika_django._health.HEALTH_DEFAULTS has every key and its default.
+    "HEALTH": None,
 }
 
 

@@ -110,11 +110,13 @@ def cron(
     actions: Iterable[str] | None = None,
     lanes: int = 1,
 ) -> Callable[[Handler], CronJob]:
-    """Declare the decorated function a cron job running on ``schedule`` (five fields, UTC; None: kicks only).
+    """Declare the decorated function a cron job running on ``schedule``: five cron fields in UTC (minute hour
+    day-of-month month day-of-week), such as ``'15 * * * *'``, or a macro such as ``'@hourly'``; None for a job that
+    runs only when kicked.
 
-    Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it.
+    Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it (a bad
+    schedule: the job and the expression).
     """
-    parsed = Schedule(schedule) if schedule is not None else None
     _check_retries(retries)
     _check_timeout(timeout)
     _check_lanes(lanes)
@@ -127,6 +129,10 @@ def cron(
 
     def decorate(func: Handler) -> CronJob:
         job_name = name if name is not None else func.__name__
+        try:
+            parsed = Schedule(schedule) if schedule is not None else None
+        except ValueError as error:
+            raise ValueError(f"Cron job {job_name!r}: {error}") from None
         if not isinstance(job_name, str) or not _NAME.match(job_name):
             raise ValueError(
                 f"Cron job name {job_name!r} is not valid: use up to 100 letters, digits, '_', '.' or '-'."
@@ -221,7 +227,8 @@ def prune_history(ctx: JobContext) -> None:
     """Delete attempt history, queue samples and folded hours older than ``RUN_HISTORY_DAYS``, mail ledger keys
     older than ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in batches."""
     # Both import the models: this module is imported before the app registry is ready.
-    from . import _history, _jobstate
+    from . import _jobstate
+    from .ops import _history
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
     pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
@@ -277,7 +284,7 @@ def _prune_mail_ledger(ctx: JobContext) -> None:
 @cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
 def sweep_files(ctx: JobContext) -> None:
     """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
-    from ._sweep import run_in_job
+    from .ops._sweep_job import run_in_job
 
     run_in_job(ctx)
 
@@ -286,7 +293,7 @@ def sweep_files(ctx: JobContext) -> None:
 def sample_queues(ctx: JobContext) -> None:
     """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health; and
     fold the attempts of each hour just over into the charts' hourly rows."""
-    from . import _history  # it imports the models, as above
+    from .ops import _history  # it imports the models, as above
 
     now = ctx.now()
     samples = _history.take_samples(now)  # counted outside the transaction: it holds only the insert

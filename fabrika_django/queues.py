@@ -16,7 +16,7 @@ from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from . import _channel, _metrics
+from . import _channel
 from . import _prepared as _prepared_sql
 from ._caches import resets_with_settings
 
@@ -27,6 +27,7 @@ from ._queuestate import state_q, state_sql
 from ._running import active_run, framework_write
 from .backoff import MAX_ROW_BACKOFF, row_backoff
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
+from .ops import _metrics
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

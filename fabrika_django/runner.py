@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from . import _jobstate, _metrics
+from . import _jobstate
 from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
 from ._fence import LeaseFence
 from ._running import LaneDemand
@@ -32,6 +32,7 @@ from .conf import settings
 from .context import AbortSignal, JobContext
 from .jobs import CronJob, registry
 from .models import Outcome, Trigger
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

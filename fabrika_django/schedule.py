@@ -1,4 +1,9 @@
-"""Cron expressions: five fields in UTC (or a macro such as ``@hourly``), or ``None`` for kick-only jobs."""
+"""Cron expressions: the one rule of a schedule (``RULE``), its fires in UTC and its period.
+
+A schedule is five cron fields in UTC (minute hour day-of-month month day-of-week) or a macro such as ``@hourly``;
+``None`` makes a job that runs only when kicked. Each field's values and steps stay within its range (``*/61`` in
+the minute field would fire only at :00, so it is refused); random and hashed fields (R, H) are refused too.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,14 @@ MACROS = {
 # The period is measured from a fixed instant, so it is the same on every host and every day.
 _PERIOD_ORIGIN = datetime(2001, 1, 1, tzinfo=UTC)
 _PERIOD_SAMPLES = 16
+#: What a schedule must be, said the same way by every refusal (``@cron``'s ValueError and the checks).
+RULE = (
+    "five cron fields in UTC (minute hour day-of-month month day-of-week), such as '15 * * * *', "
+    "or a macro such as '@hourly'"
+)
+#: Each field's name and range, in order: a step beyond its range fires once per period at its start.
+_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 6))
+_STEP = re.compile(r"/(\d+)$")
 # croniter's random ("R") and hashed ("H") fields would fire at different times on different hosts.
 _NOT_PORTABLE = re.compile(r"(^|,)[RH]($|[(/,])", re.IGNORECASE)
 
@@ -68,32 +81,26 @@ def _period(fields: str) -> timedelta:
 
 
 def normalize(expression: object) -> str:
-    """Return the five fields of ``expression``, or raise ValueError saying what a schedule must be."""
+    """Return the five fields of ``expression``, or raise ValueError saying what a schedule must be (``RULE``)."""
     if not isinstance(expression, str) or not expression.strip():
-        raise ValueError(
-            f"Schedule {expression!r} is not a cron expression: give five fields in UTC, "
-            "such as '15 * * * *', a macro such as '@hourly', or None for a job that runs only when kicked."
-        )
+        raise ValueError(f"Schedule {expression!r} is not a cron expression: give {RULE}.")
     text = expression.strip()
     if text.startswith("@"):
         if text not in MACROS:
             raise ValueError(
-                f"Schedule {expression!r} is not a known macro: use one of {', '.join(sorted(MACROS))}, "
-                "or five cron fields."
+                f"Schedule {expression!r} is not a known macro ({', '.join(sorted(MACROS))}): give {RULE}."
             )
         return MACROS[text]
     fields = text.split()
     if len(fields) != 5:
-        raise ValueError(
-            f"Schedule {expression!r} has {len(fields)} fields: give exactly five "
-            "(minute hour day-of-month month day-of-week), in UTC."
-        )
+        raise ValueError(f"Schedule {expression!r} has {len(fields)} fields: give {RULE}.")
     normalized = " ".join(fields)
     if any(_NOT_PORTABLE.search(field) for field in fields):
         raise ValueError(
             f"Schedule {expression!r} uses a random or hashed field (R, H): give fixed values, "
             "so every host fires the job at the same time."
         )
+    _refuse_long_steps(expression, fields)
     if not croniter.is_valid(normalized):
         raise ValueError(
             f"Schedule {expression!r} is not a valid cron expression: check each of its five fields "
@@ -107,6 +114,18 @@ def normalize(expression: object) -> str:
             "check its day-of-month and month fields."
         ) from None
     return normalized
+
+
+def _refuse_long_steps(expression: str, fields: list[str]) -> None:
+    """Refuse a step of 0 or one past its field's range (``*/61`` in minutes), which croniter takes."""
+    for field, (name, low, high) in zip(fields, _FIELDS, strict=True):
+        for part in field.split(","):
+            step = _STEP.search(part)
+            if step is not None and not 1 <= int(step.group(1)) <= high - low:
+                raise ValueError(
+                    f"Schedule {expression!r} steps by {step.group(1)} in its {name} field, whose values are "
+                    f"{low}-{high}: give a step from 1 to {high - low}."
+                )
 
 
 def period_of(schedule: Schedule | None) -> timedelta:

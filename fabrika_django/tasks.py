@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import re
 import socket
+import sys
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -24,7 +26,7 @@ from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _prepared
+from . import _prepared, _tasks_checks
 from ._caches import resets_with_settings
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
@@ -50,6 +52,9 @@ MAX_LANES = 64
 _OPTIONS = ("max_attempts", "timeout", "lanes")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _MAX_JOB_NAME = 100
+#: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
+#: database and a task's admin page hold them whole, so a task carries ids, not documents.
+MAX_ARGUMENTS_BYTES = 1024 * 1024
 
 
 class FabrikaBackend(BaseTaskBackend):
@@ -57,6 +62,10 @@ class FabrikaBackend(BaseTaskBackend):
 
     ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
     least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1).
+
+    ``enqueue()`` takes arguments that are JSON without NaN or Infinity (the database's JSON has neither), at
+    most ``MAX_ARGUMENTS_BYTES`` (1 MiB) of it for args and kwargs together; anything else is a ``ValueError``
+    before a row is written. Pass ids and small values; keep documents in a row or a file and pass their id.
     """
 
     supports_defer = True
@@ -88,8 +97,8 @@ class FabrikaBackend(BaseTaskBackend):
             backend=self.alias,
             queue_name=task.queue_name,
             priority=task.priority,
-            args=normalize_json(args),  # a value that is not JSON raises here, before anything is written
-            kwargs=normalize_json(kwargs),
+            # A value that is not JSON, NaN, Infinity or too much raises here, before anything is written.
+            **_json_arguments(args, kwargs),
             run_after=task.run_after,
             due=task.run_after or now,
             enqueued_at=now,
@@ -119,16 +128,15 @@ class FabrikaBackend(BaseTaskBackend):
         return result_of(row)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Report a backend whose tables cannot exist: fabrika_django missing from INSTALLED_APPS."""
-        if apps.is_installed("fabrika_django"):
+        """Report a backend whose tables cannot exist: fabrika_django missing from INSTALLED_APPS.
+
+        Quiet where fabrika's own check of ``TASKS`` is registered (it says the same, also where Django's tasks
+        checks are not): one error, not two.
+        """
+        # fabrika's checks module registers its checks when it is imported, before any check runs.
+        if apps.is_installed("fabrika_django") or "fabrika_django.checks" in sys.modules:
             return []
-        return [
-            checks.Error(
-                f"TASKS[{self.alias!r}] is a FabrikaBackend, but fabrika_django is not installed.",
-                hint="Add 'fabrika_django' to INSTALLED_APPS and run migrate.",
-                id="fabrika.E040",
-            )
-        ]
+        return [_tasks_checks.not_installed(self.alias)]
 
     def _register_jobs(self) -> None:
         """Register (again, after a settings change) the built-in job of each of this backend's queues."""
@@ -197,6 +205,25 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
         return insert, fields
     notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
     return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
+
+
+def _json_arguments(args: Any, kwargs: Any) -> dict[str, Any]:
+    """A task's args and kwargs as JSON values, or a ``ValueError`` that says what is wrong with them."""
+    values = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}  # TypeError for what is no JSON
+    try:
+        text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        raise ValueError(
+            "A task's arguments hold NaN or Infinity, which JSON and the database have no value for: pass None "
+            "or a string instead."
+        ) from None
+    size = len(text.encode())
+    if size > MAX_ARGUMENTS_BYTES:
+        raise ValueError(
+            f"A task's arguments are {size} bytes of JSON; a task takes at most {MAX_ARGUMENTS_BYTES} (1 MiB): "
+            "store the data in a row or a file and pass its id."
+        )
+    return values
 
 
 def _handler(alias: str, queue: str) -> Any:

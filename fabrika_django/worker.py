@@ -36,9 +36,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.db import connection
 from django.utils import timezone
 
-from . import _jobstate, _metrics, runner
+from . import _db_failure, _jobstate, runner
 from ._handlers import close_quietly, handler_threads
 from ._listen import Backoff, Listener
 from ._process import configure_logging, stop_signals
@@ -47,6 +48,7 @@ from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
 from .models import Outcome, Trigger
+from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +208,10 @@ class Worker:
             self._fire_and_dispatch(states)
         except DatabaseError as exc:
             pause = self._backoff.next()
-            logger.warning("Database unavailable error=%s retry_in=%.1fs", type(exc).__name__, pause)
+            logger.warning(
+                "Database unavailable server=%s kind=%s error=%s retry_in=%.1fs",
+                _db_failure.server_of(connection.settings_dict), _db_failure.kind_of(exc), type(exc).__name__, pause,
+            )  # fmt: skip
             self._connection_lost()
             close_quietly()
             self._next_scan = time.monotonic() + pause
@@ -271,9 +276,7 @@ class Worker:
         # while one is free; the start decides which (and whether, when another worker was first).
         if state["orphaned"]:
             self._dispatch(name, _TAKEOVER)
-        elif state["asked"] and state["active"] < lanes:
-            self._dispatch(name, Trigger.KICK)
-        elif state["pending"] and not state["held"]:
+        elif (state["asked"] and state["active"] < lanes) or (state["pending"] and not state["held"]):
             self._dispatch(name, Trigger.KICK)
 
     def _release_orphans(self) -> None:

@@ -21,8 +21,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.utils import timezone
 
-from fabrika_django._history import HOURS, fold_hours, hour_slots
 from fabrika_django.models import Attempt, Job, KickRequest, QueueSample
+from fabrika_django.ops._history import HOURS, fold_hours, hour_slots
 from testproject.outbox.models import OutboxMail, Person, Registration
 from testproject.reminders.models import Reminder
 

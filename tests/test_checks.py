@@ -9,12 +9,14 @@ from django.db import models
 from django.test import override_settings
 from django.test.utils import isolate_apps
 
-from fabrika_django.checks import _check_jobs, _check_queue_models, _check_settings
+from fabrika_django.checks._jobs import _check_jobs
+from fabrika_django.checks._settings import _check_settings
+from fabrika_django.checks._tables import _check_queue_models
 from fabrika_django.conf import DEFAULTS
 from fabrika_django.jobs import CronJob, JobRegistry
 from fabrika_django.models import QueueModel
 from fabrika_django.queues import QueueManager, QueueQuerySet
-from fabrika_django.schedule import Schedule
+from fabrika_django.schedule import RULE, Schedule
 
 DECLARE = "Declare the job with @cron(...), which checks its arguments at import."
 CYCLE_HINT = "Kicks must never form a cycle: remove one of these kicks and let that job's schedule pick up."
@@ -48,7 +50,11 @@ def test_a_schedule_that_bypassed_cron_is_an_error_naming_the_job():
         CronJob(name="bad", func=lambda ctx: None, schedule="61 * * * *"),
         CronJob(name="raw", func=lambda ctx: None, schedule="15 * * * *"),
     )
-    hint = "Give five cron fields in UTC (e.g. '15 * * * *'), a macro such as '@hourly', or None. " + DECLARE
+    hint = f"Give {RULE}, or None. " + DECLARE
+    assert hint.startswith(
+        "Give five cron fields in UTC (minute hour day-of-month month day-of-week), such as '15 * * * *', "
+        "or a macro such as '@hourly', or None. "
+    )
     assert _check_jobs(jobs=jobs) == [
         checks.Error(
             "Cron job 'bad' has schedule '61 * * * *', which is not a cron expression.",

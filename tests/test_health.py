@@ -11,10 +11,11 @@ from django.core import checks
 from django.db import connection
 from django.utils import timezone
 
-from fabrika_django import _health, kick
-from fabrika_django._health import Thresholds, health_report
-from fabrika_django.checks import _check_queue_tables_vacuum
+from fabrika_django import kick
+from fabrika_django.checks._tables import _check_queue_tables_vacuum
 from fabrika_django.models import Job, QueueSample
+from fabrika_django.ops import _health
+from fabrika_django.ops._health import Thresholds, health_report
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder
@@ -38,7 +39,7 @@ def _vacuum_queue_tables():
     """What a healthy database looks like: earlier tests' rolled-back rows are dead tuples until vacuumed."""
     if connection.vendor != "postgresql":
         return
-    from fabrika_django._report import queue_models
+    from fabrika_django.ops._report import queue_models
 
     with connection.cursor() as cursor:
         for model in queue_models():
@@ -209,3 +210,79 @@ def test_dead_tuples_left_by_a_drain_are_queue_bloat_with_the_autovacuum_advice(
     with connection.cursor() as cursor:
         cursor.execute("VACUUM lab_item")
     wait_until(lambda: not bloat(), what="the vacuum's statistics")
+
+
+# --- FABRIKA["HEALTH"] ---------------------------------------------------------------------------------------------
+
+
+def test_the_health_thresholds_default_as_documented():
+    assert _health.HEALTH_DEFAULTS == {
+        "old_due_row_seconds": 3600,
+        "old_transaction_seconds": 300,
+        "old_transaction_error_seconds": 3600,
+        "bloat_dead_tuples": 10_000,
+        "bloat_ratio": 0.1,
+        "overdue_periods": 3,
+    }
+    assert _health.configured_thresholds() == Thresholds()
+
+
+@pytest.mark.django_db
+def test_a_small_old_due_row_threshold_reports_a_row_due_a_few_seconds_ago(settings):
+    Reminder.objects.create(due=timezone.now() - timedelta(seconds=5))
+    assert _of("old_due_row", health_report(timezone.now())) == []  # an hour by default
+    settings.FABRIKA = dict(settings.FABRIKA, HEALTH={"old_due_row_seconds": 2})
+    [finding] = _of("old_due_row", health_report(timezone.now()))
+    assert (finding.queue, finding.severity) == ("reminders.Reminder", "warning")
+    assert 5 <= finding.age_seconds < 60
+    code, out, _ = fabrika_job("status", "--json")
+    assert code == 0 and [h["check"] for h in json.loads(out)["health"]] == ["old_due_row"]
+
+
+@pytest.mark.django_db
+def test_a_small_overdue_periods_threshold_reports_a_job_after_one_failure(settings):
+    def fails(ctx):
+        raise RuntimeError("boom")
+
+    with temporary_job(fails, schedule="* * * * *", name="fails_once"):
+        assert run_job("fails_once").ok is False
+        assert _of("job_overdue", health_report(timezone.now())) == []  # three failures by default
+        settings.FABRIKA = dict(settings.FABRIKA, HEALTH={"overdue_periods": 1})
+        assert _codes(_of("job_overdue", health_report(timezone.now()))) == [("job_overdue", "fails_once")]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ([], "is a list, not a dict"),
+        ({"old_due_row": 60}, "has unknown key 'old_due_row'"),
+        ({"old_due_row_seconds": 0}, "has old_due_row_seconds=0, which is not a positive number of at most 315360000"),
+        ({"old_due_row_seconds": -5}, "has old_due_row_seconds=-5, which is not a positive number"),
+        ({"old_due_row_seconds": "60"}, "has old_due_row_seconds='60', which is not a positive number"),
+        (
+            {"bloat_dead_tuples": True},
+            "has bloat_dead_tuples=True, which is not a positive number of at most 1000000000",
+        ),
+        ({"old_transaction_seconds": 10**12}, "has old_transaction_seconds=1000000000000, which is not a positive"),
+        ({"bloat_ratio": 1.5}, "has bloat_ratio=1.5, which is above 1 (a share of the live tuples)"),
+        (
+            {"old_transaction_seconds": 600, "old_transaction_error_seconds": 300},
+            "has old_transaction_error_seconds=300 below old_transaction_seconds=600: an error comes after its warning",
+        ),
+        (
+            {"old_transaction_error_seconds": 120},
+            "has old_transaction_error_seconds=120 below old_transaction_seconds=300",
+        ),
+    ],
+)
+def test_a_bad_health_setting_is_a_check_error_of_its_own(settings, value, problem):
+    from fabrika_django.checks._settings import _check_settings
+
+    settings.FABRIKA = {"HEALTH": value}
+    [error] = _check_settings()
+    assert error.id == "fabrika.E038"
+    assert error.msg.startswith(f"Setting FABRIKA['HEALTH'] {problem}")
+    assert error.hint.startswith("Set FABRIKA['HEALTH'] to a dict of the thresholds you change")
+    assert _health.configured_thresholds() == Thresholds()  # the pages that show health stay up
+    settings.FABRIKA = {"HEALTH": {"bloat_ratio": 1, "old_transaction_error_seconds": 300}}
+    assert _check_settings() == []

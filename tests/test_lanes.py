@@ -16,7 +16,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from fabrika_django import _jobstate, cron, kick, runner
-from fabrika_django.checks import _check_jobs
+from fabrika_django.checks._jobs import _check_jobs
 from fabrika_django.jobs import CronJob, JobRegistry, registry
 from fabrika_django.models import Attempt, Job, Lease
 from testproject.lab.models import Effect, Item

@@ -11,9 +11,9 @@ from django.core.files.base import ContentFile
 from django.test import override_settings
 
 from fabrika_django import CapabilityRefused, EmailDeliveryError, runner
-from fabrika_django import mail as fabrika_mail
 from fabrika_django.context import AbortSignal
 from fabrika_django.mail import Mailer, SendResult
+from fabrika_django.mail._ledger import Ledger
 from fabrika_django.models import SentMail
 from fabrika_django.testing import run_job
 from testproject.mailers import mail_settings
@@ -237,7 +237,7 @@ def _crash_after_acceptance(monkeypatch):
     def die(self, result):
         raise RuntimeError("crashed before recording the acceptance")
 
-    monkeypatch.setattr(fabrika_mail._Ledger, "accepted", die)
+    monkeypatch.setattr(Ledger, "accepted", die)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -560,9 +560,7 @@ def test_reserving_a_key_is_one_statement_whether_the_key_is_new_or_taken():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from fabrika_django.mail import _Ledger
-
-    ledger = _Ledger("a" * 64, "b" * 64)
+    ledger = Ledger("a" * 64, "b" * 64)
     with CaptureQueriesContext(connection) as first:
         assert ledger._insert_sending("smtp") is True
     with CaptureQueriesContext(connection) as again:

@@ -384,7 +384,7 @@ def test_a_repeat_after_the_ledger_window_sends_again(settings):
 
 
 def test_mail_ledger_days_defaults_to_thirty_and_is_checked(settings):
-    from fabrika_django.checks import _check_settings
+    from fabrika_django.checks._settings import _check_settings
     from fabrika_django.conf import settings as fabrika_settings
 
     assert fabrika_settings.MAIL_LEDGER_DAYS == 30

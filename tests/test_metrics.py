@@ -11,8 +11,9 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabrika_django import _metrics, kick, runner
+from fabrika_django import kick, runner
 from fabrika_django.models import Job, KickRequest
+from fabrika_django.ops import _metrics
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder
@@ -153,7 +154,7 @@ def test_a_metrics_port_that_is_not_a_port_is_a_usage_error():
 def test_a_short_metrics_token_is_refused_by_the_checks_without_quoting_it():
     from django.core import checks
 
-    from fabrika_django.checks import _check_settings
+    from fabrika_django.checks._settings import _check_settings
 
     with override_settings(FABRIKA={"METRICS_TOKEN": "hunter2"}):
         assert _check_settings() == [

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from fabrika_django import cron
-from fabrika_django.schedule import Schedule, normalize, period_of
+from fabrika_django.schedule import RULE, Schedule, normalize, period_of
 
 MONDAY_NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
@@ -33,15 +33,26 @@ def test_a_schedule_is_five_fields_or_a_macro(expression, fields):
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
-        (
-            "* * * *",
-            "Schedule '* * * *' has 4 fields: give exactly five (minute hour day-of-month month day-of-week), in UTC.",
-        ),
-        ("0 * * * * *", "Schedule '0 * * * * *' has 6 fields: give exactly five"),
+        ("* * * *", f"Schedule '* * * *' has 4 fields: give {RULE}."),
+        ("0 * * * * *", f"Schedule '0 * * * * *' has 6 fields: give {RULE}."),
         ("61 * * * *", "Schedule '61 * * * *' is not a valid cron expression: check each of its five fields"),
-        ("@reboot", "Schedule '@reboot' is not a known macro: use one of @annually, @daily"),
-        ("", "Schedule '' is not a cron expression: give five fields in UTC, such as '15 * * * *'"),
-        (15, "Schedule 15 is not a cron expression"),
+        (
+            "@reboot",
+            "Schedule '@reboot' is not a known macro (@annually, @daily, @hourly, @midnight, @monthly, @weekly, "
+            f"@yearly): give {RULE}.",
+        ),
+        ("", f"Schedule '' is not a cron expression: give {RULE}."),
+        (15, f"Schedule 15 is not a cron expression: give {RULE}."),
+        (
+            "*/61 * * * *",
+            "Schedule '*/61 * * * *' steps by 61 in its minute field, whose values are 0-59: give a step from 1 to 59.",
+        ),
+        ("*/60 * * * *", "Schedule '*/60 * * * *' steps by 60 in its minute field"),
+        ("0 */24 * * *", "Schedule '0 */24 * * *' steps by 24 in its hour field, whose values are 0-23"),
+        ("0 0 1-10/31 * *", "Schedule '0 0 1-10/31 * *' steps by 31 in its day-of-month field, whose values are 1-31"),
+        ("0 0 * */12 *", "Schedule '0 0 * */12 *' steps by 12 in its month field"),
+        ("0 0 * * 1,*/7", "Schedule '0 0 * * 1,*/7' steps by 7 in its day-of-week field"),
+        ("*/0 * * * *", "Schedule '*/0 * * * *' steps by 0 in its minute field"),
         ("0 0 31 2 *", "Schedule '0 0 31 2 *' never fires (such as the 31st of February): check its day-of-month"),
         ("R * * * *", "Schedule 'R * * * *' uses a random or hashed field (R, H): give fixed values"),
         ("H/15 * * * *", "Schedule 'H/15 * * * *' uses a random or hashed field (R, H)"),
@@ -57,6 +68,24 @@ def test_anything_else_is_refused_saying_what_a_schedule_must_be(expression, mes
 def test_cron_refuses_a_bad_schedule_at_import_naming_the_expression():
     with pytest.raises(ValueError, match="Schedule '0 0 30 2 \\*' never fires"):
         cron("0 0 30 2 *")(lambda ctx: None)
+
+
+@pytest.mark.parametrize("expression", ["*/61 * * * *", "0 9 * *", "@often"])
+def test_cron_names_the_job_and_the_expression_in_one_rule(expression):
+    def nightly(ctx):
+        pass
+
+    with pytest.raises(ValueError) as refused:
+        cron(expression, name="shop.nightly")(nightly)
+    assert str(refused.value).startswith(f"Cron job 'shop.nightly': Schedule {expression!r} ")
+    with pytest.raises(ValueError) as unnamed:
+        cron(expression)(nightly)
+    assert str(unnamed.value).startswith(f"Cron job 'nightly': Schedule {expression!r} ")
+
+
+def test_steps_within_each_fields_range_are_taken():
+    assert normalize("*/59 */23 */30 */11 */6") == "*/59 */23 */30 */11 */6"
+    assert normalize("0-30/15 9-17/2 * * 1-5") == "0-30/15 9-17/2 * * 1-5"
 
 
 def test_fires_are_computed_in_utc_whatever_the_given_zone():

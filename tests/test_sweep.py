@@ -13,12 +13,13 @@ import threading
 import time
 
 import pytest
+from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 
-from fabrika_django import _sweep
-from fabrika_django.checks import _check_settings
+from fabrika_django.checks._settings import _check_settings
+from fabrika_django.ops import _sweep
 from fabrika_django.testing import run_job
 from testproject.lab.models import Document
 from testproject.outbox.models import OutboxMail, Person
@@ -203,6 +204,43 @@ def _in_thread(target):
     return thread, errors
 
 
+def _watch(monkeypatch, hook):
+    """Call ``hook(point, names)`` at the sweep's seams, wrapped from outside: "listed" (a batch found unreferenced,
+    before its deleting step), "busy" (a writer holds a referencing table, PostgreSQL) and "deleting" (each name as
+    the storage deletes it, inside the deleting step: re-checked, writers still stopped)."""
+    deleting_step, stop_writers, delete = _sweep._delete, _sweep._stop_writers, FileSystemStorage.delete
+
+    def listed(storage, orphans, *args):
+        hook("listed", list(orphans))
+        return deleting_step(storage, orphans, *args)
+
+    def busy(alias, references):
+        try:
+            stop_writers(alias, references)
+        except _sweep._Busy:
+            hook("busy", [])
+            raise
+
+    def deleting(storage, name):
+        hook("deleting", [name])
+        return delete(storage, name)
+
+    monkeypatch.setattr(_sweep, "_delete", listed)
+    monkeypatch.setattr(_sweep, "_stop_writers", busy)
+    monkeypatch.setattr(FileSystemStorage, "delete", deleting)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_seams_the_sweep_tests_watch_are_reached(media, monkeypatch):
+    # A watch that is never called cannot fail a test: each seam is met where the tests expect it.
+    _file(media, "outbox/orphan.pdf", days=30)
+    seen = []
+    _watch(monkeypatch, lambda point, names: seen.append((point, names)))
+    report = _sweep.sweep(SWEEP)
+    assert report.deleted == 1
+    assert seen == [("listed", ["outbox/orphan.pdf"]), ("deleting", ["outbox/orphan.pdf"])]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_row_committed_between_the_listing_and_the_deleting_step_keeps_its_file(media, monkeypatch):
     _file(media, "outbox/late.pdf", days=30)
@@ -216,10 +254,10 @@ def test_a_row_committed_between_the_listing_and_the_deleting_step_keeps_its_fil
             thread.join(10)
             assert not errors and not thread.is_alive()
 
-    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    _watch(monkeypatch, hook)
     assert run_job("fabrika_sweep_files").ok
     assert _files(media) == ["outbox/late.pdf"]
-    assert seen == [("listed", ["outbox/late.pdf", "outbox/orphan.pdf"]), ("locked", ["outbox/orphan.pdf"])]
+    assert seen == [("listed", ["outbox/late.pdf", "outbox/orphan.pdf"]), ("deleting", ["outbox/orphan.pdf"])]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -249,7 +287,7 @@ def test_a_row_being_written_during_the_deleting_step_keeps_its_file(media, monk
             may_commit.set()
             state["thread"].join(10)
 
-    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    _watch(monkeypatch, hook)
     assert run_job("fabrika_sweep_files").ok
     may_commit.set()
     state["thread"].join(10)
@@ -257,9 +295,9 @@ def test_a_row_being_written_during_the_deleting_step_keeps_its_file(media, monk
     assert _files(media) == ["outbox/in-flight.pdf"]
     assert OutboxMail.objects.filter(attachment="outbox/in-flight.pdf").exists()
     if connection.vendor == "postgresql":
-        assert points[:2] == ["listed", "busy"] and points[-1] == "locked"
+        assert points[:2] == ["listed", "busy"] and points[-1] == "deleting"
     else:
-        assert points == ["listed", "locked"]
+        assert points == ["listed", "deleting"]
 
 
 @pytest.mark.postgresql
@@ -277,7 +315,7 @@ def test_a_writer_that_starts_during_the_deleting_step_waits_for_it(media, monke
         done.set()
 
     def hook(point, names):
-        if point != "locked":
+        if point != "deleting":
             return
         state["thread"], state["errors"] = _in_thread(writer)
         # Wait until the writer's INSERT is queued behind the sweep's lock (pg_locks is live, not a snapshot).
@@ -290,7 +328,7 @@ def test_a_writer_that_starts_during_the_deleting_step_waits_for_it(media, monke
                 state["waited"] = cursor.fetchone()[0] > 0
         assert not done.is_set()
 
-    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    _watch(monkeypatch, hook)
     assert run_job("fabrika_sweep_files").ok
     state["thread"].join(10)
     assert state["waited"] and done.is_set() and state["errors"] == []
@@ -352,7 +390,7 @@ def test_a_file_written_again_between_the_listing_and_the_deleting_step_stays(me
         if point == "listed":  # a storage that overwrites names writes a new upload under the old name
             _file(media, "outbox/reused.pdf", days=0)
 
-    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    _watch(monkeypatch, hook)
     assert run_job("fabrika_sweep_files").ok
     assert _files(media) == ["outbox/reused.pdf"]
 

@@ -15,7 +15,7 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
 
-from fabrika_django.checks import _check_settings
+from fabrika_django.checks._settings import _check_settings
 from fabrika_django.testing import run_job
 
 SWEEP = {"storages": ["default"], "older_than_days": 7}

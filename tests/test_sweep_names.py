@@ -14,13 +14,12 @@ from django.core.files.storage import InMemoryStorage
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from fabrika_django import _sweep
-from fabrika_django.checks import _check_settings
+from fabrika_django.checks._settings import _check_settings
 from fabrika_django.testing import run_job
 from testproject.lab.models import Document
 from testproject.reports.models import ReportRequest
 
-from .test_sweep import _in_thread
+from .test_sweep import _in_thread, _watch
 
 DAY = 24 * 3600
 SWEEP = {"storages": ["default"], "older_than_days": 7}
@@ -113,10 +112,10 @@ def test_a_row_committed_before_the_deleting_step_keeps_its_file_in_another_form
             thread.join(10)
             assert not errors and not thread.is_alive()
 
-    monkeypatch.setattr(_sweep, "_test_hook", hook)
+    _watch(monkeypatch, hook)
     assert run_job("fabrika_sweep_files").ok
     assert _files(media) == ["reports/late.csv"]
-    assert seen == [("listed", ["reports/late.csv", "reports/orphan.csv"]), ("locked", ["reports/orphan.csv"])]
+    assert seen == [("listed", ["reports/late.csv", "reports/orphan.csv"]), ("deleting", ["reports/orphan.csv"])]
 
 
 # --- what the sweep cannot read, and how far back it may look -----------------------------------------------------

@@ -5,7 +5,8 @@ Importing this module (the admin's autodiscovery does) registers the jobs, attem
 "Background jobs"). Every page is staff only, like the rest of the admin.
 """
 
-from ._jobs import AttemptAdmin, JobAdmin
+from ._attempts import AttemptAdmin
+from ._jobs import JobAdmin
 from ._mail import SentMailAdmin
 from ._overview import OverviewAdmin
 from ._queues import QueueModelAdmin, QueueModelAdminMixin, StateListFilter

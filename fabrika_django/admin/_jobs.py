@@ -1,4 +1,4 @@
-"""The admin of fabrika's own tables: the jobs page (with "Run now") and the read-only attempts page."""
+"""The jobs page of the admin: each registered job, its schedule, its last run, and "Run now"."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from .. import _jobstate
 from .._schedule_words import describe
 from ..jobs import registry
 from ..kicks import kick
-from ..models import Attempt, Job, Outcome
+from ..models import Job
 from ..schedule import Schedule
+from ._attempts import outcome_badge
 from ._queues import _relative
-from ._times import time_column, took
 
 _RECENT_ATTEMPTS = 10
 
@@ -33,13 +33,6 @@ _RECENT_ATTEMPTS = 10
 def describe_schedule(schedule: Schedule | None) -> str:
     """Return the schedule in words (see ``fabrika_django._schedule_words``)."""
     return describe(schedule)
-
-
-def _outcome_badge(outcome: str) -> str:
-    if not outcome:
-        return "—"
-    kind = "done" if outcome == Outcome.SUCCEEDED else "waiting" if outcome == Outcome.RUNNING else "dead"
-    return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', kind, outcome)
 
 
 def _when(value: datetime | None) -> str:
@@ -218,7 +211,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("last outcome"), ordering="last_outcome")
     def outcome(self, job: Job) -> str:
-        return _outcome_badge(job.last_outcome)
+        return outcome_badge(job.last_outcome)
 
     @admin.display(description=_("retries"))
     def retries(self, job: Job) -> Any:
@@ -249,7 +242,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     date_format(timezone.localtime(row.started), "DATETIME_FORMAT"),
                     row.number,
                     row.trigger,
-                    _outcome_badge(row.outcome),
+                    outcome_badge(row.outcome),
                 )
                 for row in rows
             ),
@@ -351,83 +344,3 @@ def _registered_names() -> list[str]:
 
 def _registered(job: Job) -> Any:
     return registry.get(job.name) if job.name in registry else None
-
-
-class _JobFilter(admin.SimpleListFilter):
-    """The registered jobs' names: no DISTINCT over a long history to build the list."""
-
-    title = _("job")
-    parameter_name = "job"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
-        return [(job.name, job.name) for job in registry]
-
-    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
-        return queryset.filter(job=self.value()) if self.value() else queryset
-
-
-class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """A framework history table, read-only: nobody adds, changes or deletes a row, a superuser neither.
-
-    Attempts leave with the history pruning (``RUN_HISTORY_DAYS``). A sent-mail row is the promise that its
-    key never sends twice: deleting it by hand would let the next try of that key send the message again.
-    """
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-@admin.register(Attempt)
-class AttemptAdmin(HistoryAdmin):
-    """Attempts: read-only history."""
-
-    list_display = ("job", "number", "trigger", "outcome_badge", "started_at", "took", "error_class", "short_run")
-    list_filter = (_JobFilter, "outcome", "trigger")
-    fields = (
-        "job",
-        "run_id",
-        "number",
-        "lane",
-        "trigger",
-        "holder",
-        "started",
-        "finished",
-        "took",
-        "outcome_badge",
-        "error_class",
-        "frames_block",
-        "message",
-    )
-    readonly_fields = fields
-    show_full_result_count = False  # a long history: no second COUNT(*) over the whole table
-
-    class Media:
-        css = {"all": ["fabrika_django/admin.css"]}
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        fields = list(super().get_fields(request, obj))
-        return fields if obj is not None and obj.message else [name for name in fields if name != "message"]
-
-    started_at = time_column("started", _("started"))
-
-    @admin.display(description=_("outcome"), ordering="outcome")
-    def outcome_badge(self, attempt: Attempt) -> str:
-        return _outcome_badge(attempt.outcome)
-
-    @admin.display(description=_("took"))
-    def took(self, attempt: Attempt) -> str:
-        return took(attempt.duration.total_seconds()) if attempt.duration is not None else "—"
-
-    @admin.display(description=_("run"), ordering="run_id")
-    def short_run(self, attempt: Attempt) -> str:
-        return str(attempt.run_id)[:8]
-
-    @admin.display(description=_("frames"))
-    def frames_block(self, attempt: Attempt) -> str:
-        return format_html('<pre class="fabrika-frames">{}</pre>', attempt.frames) if attempt.frames else "—"

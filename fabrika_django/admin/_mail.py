@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
 from ..models import SentMail
-from ._jobs import HistoryAdmin
+from ._attempts import HistoryAdmin
 
 
 @admin.register(SentMail)

@@ -16,11 +16,11 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .. import _health
 from .._queuestate import STATES
-from .._report import QueueCounts, count_queue, job_states, queue_models
 from ..jobs import registry
 from ..models import Overview
+from ..ops import _health
+from ..ops._report import QueueCounts, count_queue, job_states, queue_models
 from ._pictures import job_pictures, queue_pictures
 from ._queues import _relative
 

@@ -10,8 +10,8 @@ from typing import Any
 from django.utils.text import slugify
 from django.utils.translation import ngettext
 
-from .._charts import Series, legend, lines, stacked_bars
-from .._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
+from ..ops._charts import Series, legend, lines, stacked_bars
+from ..ops._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
 
 _BAND_LABELS = {
     "succeeded": "succeeded",

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -47,6 +48,17 @@ class _ArrivedByStateFilter(StateListFilter):
         return self.value() is not None
 
 
+class _TaskChangeList(ChangeList):
+    """The list reads no call or result: a page of 50 tasks of a few MB each would load them all for nothing."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        return super().get_queryset(request, exclude_parameters).defer(*_NOT_LISTED)
+
+
+#: The columns only a task's own page shows.
+_NOT_LISTED = ("args", "kwargs", "return_value", "errors")
+
+
 @admin.register(QueuedTask)
 class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Tasks: read-only; "Requeue" makes a FAILED task READY with no attempts and kicks its queue's job."""
@@ -73,6 +85,9 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
 
     def get_list_display(self, request: HttpRequest) -> Any:
         return self.list_display  # status, not the queue's state column: a task speaks Django's words
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return _TaskChangeList
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         return self.list_filter

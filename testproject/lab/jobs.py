@@ -158,3 +158,11 @@ def lab_lanes(ctx):
                 if effects:
                     Effect.objects.create(item=row.pk, pid=os.getpid())
                 row.finish(writes=row.writes + 1)
+
+
+@cron(os.environ.get("LAB_MINUTELY_SCHEDULE") or None, timeout=timedelta(seconds=30))
+def lab_minutely(ctx):
+    """The soak's cron job (bench/chaos.py soak sets LAB_MINUTELY_SCHEDULE="* * * * *"): a Mark per run, noted
+    with the minute it ran in, so a fire served twice shows as two marks of one minute."""
+    with ctx.transaction():
+        Mark.objects.create(job=ctx.job.name, note=ctx.now().strftime("%Y-%m-%d %H:%M"), pid=os.getpid())

@@ -86,3 +86,17 @@ def loses_the_lease():
     Lease.objects.filter(job="tasks.default.default").update(token=uuid.uuid4())
     time.sleep(1.5)
     return "late"
+
+
+@task
+def effect(n):
+    """The soak's task: one Effect for task ``n`` (negative keys, apart from the Items'), made once however often
+    the task runs (a rerun after a kill finds it), so the count of effects is the count of tasks done."""
+    from .models import Effect
+
+    Effect.objects.get_or_create(item=-n, defaults={"pid": os.getpid()})
+
+
+@task
+def returns_nan():
+    return float("nan")

@@ -1,39 +1,35 @@
 """``manage.py fabrika_job run | worker | crontab | list | status | kick | requeue``: parsing and dispatch.
 
 A run lives in ``fabrika_django.runner``, the loop in ``fabrika_django.worker``, the status report in
-``fabrika_django._report`` (with the admin's overview). Exit codes: 0 done, 1 a run or a requeue failed, 2 a
+``fabrika_django.ops._report`` (with the admin's overview). Exit codes: 0 done, 1 a run or a requeue failed, 2 a
 usage error (unknown job, unknown model, bad flag), always as one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import shlex
 import signal
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, NoReturn
 
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _jobstate, _metrics, _report, _sweep, kicks, runner, worker
+from fabrika_django import _jobstate, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django._requeue import RunningTasks, requeue_rows
 from fabrika_django._sessions import bound_idle_transactions
 from fabrika_django.exceptions import UnknownJob
 from fabrika_django.jobs import registry
+from fabrika_django.management import _show
+from fabrika_django.management._show import usage as _usage
 from fabrika_django.models import QueueModel
+from fabrika_django.ops import _metrics, _report, _sweep_job
 
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
 _COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -54,10 +50,6 @@ class _Parser(CommandParser):
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
         raise CommandError(f"Error: {message}", returncode=2)
-
-
-def _usage(message: str) -> CommandError:
-    return CommandError(message, returncode=2)
 
 
 def _whole_number(text: str) -> int | None:
@@ -213,72 +205,17 @@ class Command(BaseCommand):
     # -- crontab, list, status ---------------------------------------------------------------------
 
     def _handle_crontab(self, *, manage_py: str | None, **options: Any) -> None:
-        script = _manage_py(manage_py)
-        python = shlex.quote(str(_this_python()))
-        prefix = f"cd {shlex.quote(str(script.parent))} && {python} {shlex.quote(str(script))}"
-        self.stdout.write("CRON_TZ=UTC")
-        for job in registry:
-            if job.schedule is not None:
-                command = f"{prefix} fabrika_job run {shlex.quote(job.name)}"
-                escaped = command.replace("%", "\\%")  # cron turns an unescaped % into a newline
-                self.stdout.write(f"{job.schedule.fields} {escaped}")
+        self._write(_show.crontab_lines(_show.manage_py(manage_py)))
 
     def _handle_list(self, **options: Any) -> None:
-        now = timezone.now()
-        rows = [
-            (
-                job.name,
-                job.schedule.expression if job.schedule is not None else "-",
-                _utc(job.schedule.next_after(now)) or "-" if job.schedule is not None else "kick only",
-                str(job.retries),
-                _duration(job.timeout),
-                str(job.lanes),
-                ",".join(job.kicks) or "-",
-                job.mailer or "-",
-            )
-            for job in registry
-        ]
-        self._table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "lanes", "kicks", "mailer"), rows)
+        self._write(_show.job_lines(timezone.now()))
 
     def _handle_status(self, *, json: bool, **options: Any) -> None:
-        report = _report.status(timezone.now())
-        if json:
-            self.stdout.write(_json_dumps(report))
-            return
-        self.stdout.write(f"Queue tables (now {report['now']}):")
-        self._table(
-            ("table", "waiting", "due now", "dead", "done", "oldest due"),
-            [
-                (
-                    q["model"],
-                    str(q["waiting"]),
-                    str(q["due_now"]),
-                    str(q["dead"]),
-                    str(q["done"]),
-                    "-"
-                    if q["oldest_due_age_seconds"] is None
-                    else _duration(timedelta(seconds=q["oldest_due_age_seconds"])),
-                )
-                for q in report["queues"]
-            ],
-        )
-        self.stdout.write("Jobs:")
-        self._table(
-            ("job", "state", "last started (UTC)", "last outcome", "failures in a row"),
-            [
-                (
-                    j["name"],
-                    j["state"],
-                    j["last_started"] or "never",
-                    j["last_outcome"] or "-",
-                    str(j["failures_in_row"]),
-                )
-                for j in report["jobs"]
-            ],
-        )
-        self.stdout.write("Health:" if report["health"] else "Health: nothing to report.")
-        for finding in report["health"]:
-            self.stdout.write(f"  {finding['severity']} {finding['check']}: {finding['advice']}")
+        self._write(_show.status_lines(_report.status(timezone.now()), as_json=json))
+
+    def _write(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.stdout.write(line)
 
     # -- requeue -----------------------------------------------------------------------------------
 
@@ -320,12 +257,7 @@ class Command(BaseCommand):
             )
 
     def _handle_sweep_files(self, **options: Any) -> None:
-        _sweep.command(self, **options)
-
-    def _table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
-        for line in (header, *rows):
-            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip())
+        _sweep_job.command(self, **options)
 
 
 def _serve_metrics(port: int, addr: str) -> None:
@@ -340,32 +272,6 @@ def _serve_metrics(port: int, addr: str) -> None:
             f"Cannot serve metrics on {addr} port {port} ({exc.strerror or type(exc).__name__}): choose another "
             "address or port."
         ) from None
-
-
-def _this_python() -> Path:
-    """Return this interpreter's path in normal form (``sys.executable`` keeps the ``..`` it was started with)."""
-    # The folder is resolved, not the file: a virtualenv's python is a symlink to the base interpreter, and the
-    # base interpreter would run the job without the virtualenv's packages.
-    executable = Path(sys.executable)
-    return executable.parent.resolve() / executable.name
-
-
-def _manage_py(given: str | None) -> Path:
-    """Find the manage.py the crontab's lines call: --manage-py, the one running, or the project's."""
-    candidates = []
-    if given:
-        candidates.append(Path(given))
-    elif os.path.basename(sys.argv[0]) == "manage.py":
-        candidates.append(Path(sys.argv[0]))
-    else:
-        base = getattr(django_settings, "BASE_DIR", None)
-        if base is not None:
-            candidates.append(Path(base) / "manage.py")
-        candidates.append(Path.cwd() / "manage.py")
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    raise _usage(f"Cannot find manage.py (looked at {', '.join(map(str, candidates))}): pass --manage-py PATH.")
 
 
 def _queue_model(name: str) -> type[QueueModel]:
@@ -392,10 +298,6 @@ def _to_pk(model: Any, value: str) -> Any:
         raise _usage(f"{value!r} is not an id of {model._meta.label}: give its primary key values.") from None
 
 
-def _utc(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 @contextmanager
 def _fabrika_logs_warnings_only(quiet: bool) -> Iterator[None]:
     """With -v 0, hold fabrika's own loggers to warnings for the block, whatever LOGGING set (cron mails output)."""
@@ -415,13 +317,3 @@ def _fabrika_logs_warnings_only(quiet: bool) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-def _duration(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m"), (seconds % 60, "s")]
-    return "".join(f"{amount}{unit}" for amount, unit in parts if amount) or "0s"
-
-
-def _json_dumps(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=True)

@@ -19,8 +19,9 @@ from django.db import connections, router
 from django.db.models import Max
 from django.db.models.functions import TruncHour
 
-from . import _digest, _jobstate, _report  # modules, not their names: _report imports this one (through _health)
-from .models import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
+from .. import _jobstate
+from ..models import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
+from . import _digest, _report  # modules, not their names: _report imports this one (through _health)
 
 HOURS = 24
 

@@ -19,12 +19,9 @@ refused ``invalid_message`` before anything is reserved.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import smtplib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -33,22 +30,21 @@ from django.core import mail as django_mail
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.mail.backends.dummy import EmailBackend as DummyBackend
 from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
-from django.db import IntegrityError, transaction
 from django.db.models.fields.files import FieldFile
 from django.utils.module_loading import import_string
 
+from .._running import active_run
+from ..conf import settings
+from ..exceptions import CapabilityRefused, EmailDeliveryError
+from ._capabilities import NO_TRANSPORT, Capabilities, capabilities_of
 from ._envelope import Envelope
-from ._running import active_run, framework_write
-from .conf import settings
-from .exceptions import CapabilityRefused, EmailDeliveryError
+from ._ledger import Ledger, SendResult, check_key, key_hash
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from ..context import JobContext
 
 logger = logging.getLogger("fabrika_django.mail")
 
-DEFAULT_MAX_ATTACHMENT_BYTES = 10 * 1024 * 1024
-_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 #: Codes that refuse the message or the configuration: sending it again gives the same answer.
 _REFUSED = frozenset(
@@ -77,65 +73,6 @@ def _installation_backend() -> Any:
     if handler is not None and hasattr(django_settings, "MAILERS"):
         return handler.default
     return get_connection(fail_silently=False)
-
-
-@dataclass(frozen=True)
-class _Capabilities:
-    """``ctx.mail.capabilities``: what the job's transport does."""
-
-    #: It carries attachments.
-    attachments: bool
-    #: It writes ``List-Unsubscribe`` and ``List-Unsubscribe-Post``.
-    unsubscribe_header: bool
-    #: The bytes of all attachments of one message together.
-    max_attachment_bytes: int
-    #: It drops a second message with the same key, so an unknown outcome may be sent again.
-    deduplicates: bool
-    #: "sent": an acceptance means the provider took it; "queued": a relay or an operator may still hold it.
-    confirmation: str
-
-
-_NO_TRANSPORT = _Capabilities(
-    attachments=False, unsubscribe_header=False, max_attachment_bytes=0, deduplicates=False, confirmation="sent"
-)
-#: Django's own backends, by module: every one but the dummy writes the whole message, headers and attachments
-#: included, wherever it puts it (an SMTP server, stdout, a file, the test outbox); none deduplicates.
-_DJANGO_BACKENDS = {
-    "smtp": {},
-    "console": {},
-    "filebased": {},
-    "locmem": {},
-    "dummy": {"fabrika_attachments": False, "fabrika_unsubscribe_header": False, "fabrika_max_attachment_bytes": 0},
-}
-
-
-def _capabilities_of(backend: Any) -> _Capabilities:
-    known: dict[str, Any] = {}
-    for cls in reversed(type(backend).__mro__):
-        module = cls.__module__
-        if module.startswith("django.core.mail.backends.") and cls.__name__ == "EmailBackend":
-            known = _DJANGO_BACKENDS.get(module.rsplit(".", 1)[-1], known)
-
-    def attribute(name: str, default: Any) -> Any:
-        return getattr(backend, name, known.get(name, default))
-
-    confirmation = attribute("fabrika_confirmation", "sent")
-    return _Capabilities(
-        attachments=bool(attribute("fabrika_attachments", True)),
-        unsubscribe_header=bool(attribute("fabrika_unsubscribe_header", True)),
-        max_attachment_bytes=int(attribute("fabrika_max_attachment_bytes", DEFAULT_MAX_ATTACHMENT_BYTES)),
-        deduplicates=bool(attribute("fabrika_deduplicates", False)),
-        confirmation="queued" if confirmation == "queued" else "sent",
-    )
-
-
-@dataclass(frozen=True)
-class SendResult:
-    """A message the transport accepted (or accepted earlier under the same idempotency key)."""
-
-    status: str
-    provider: str
-    message_id: str
 
 
 class Mailer:
@@ -189,11 +126,11 @@ class Mailer:
         return self.capabilities.deduplicates
 
     @cached_property
-    def capabilities(self) -> _Capabilities:
+    def capabilities(self) -> Capabilities:
         """What the transport does: ``attachments``, ``unsubscribe_header``, ``max_attachment_bytes``,
         ``deduplicates`` and ``confirmation`` ("sent" or "queued"); nothing at all without a transport."""
         backend = self._backend
-        return _NO_TRANSPORT if backend is None else _capabilities_of(backend)
+        return NO_TRANSPORT if backend is None else capabilities_of(backend)
 
     def may_retry(self, error: BaseException) -> bool:
         """Whether the message that raised ``error`` may go again.
@@ -235,7 +172,7 @@ class Mailer:
                 "for mailer='own'); check ctx.mail.available before the batch and leave the rows as they are.",
                 code="mail_not_configured",
             )
-        key = _check_key(idempotency_key)
+        key = check_key(idempotency_key)
         files = tuple(attachments)
         self._refuse_what_the_transport_cannot_carry(files, unsubscribe_url)
         envelope = Envelope.build(
@@ -250,7 +187,7 @@ class Mailer:
             limit=self.capabilities.max_attachment_bytes,
         )
         seconds = self._deadline(timeout)
-        ledger = _Ledger(_key_hash(key), envelope.content_hash)
+        ledger = Ledger(key_hash(key), envelope.content_hash)
         earlier = ledger.reserve(self.provider, deduplicates=self.deduplicates)
         if earlier is not None:
             return earlier
@@ -305,7 +242,7 @@ class Mailer:
             except Exception:  # noqa: S110 - a failed QUIT after the last answer changes nothing
                 pass
 
-    def _deliver(self, backend: Any, message: EmailMultiAlternatives, seconds: float, ledger: _Ledger) -> None:
+    def _deliver(self, backend: Any, message: EmailMultiAlternatives, seconds: float, ledger: Ledger) -> None:
         """Send ``message``; a failure before it could leave frees the ledger's key, any other is unknown.
 
         The connection stays open for the attempt's next message (a batch pays one TLS and login, not one a
@@ -369,7 +306,7 @@ def mailer_for(ctx: JobContext) -> Mailer:
     return Mailer(job_name=ctx.job.name, mailer=ctx.job.mailer, mode=ctx.mail_mode, signal=ctx.signal)
 
 
-def _raise_for_send_failure(error: Exception, ledger: _Ledger) -> None:
+def _raise_for_send_failure(error: Exception, ledger: Ledger) -> None:
     """Raise the EmailDeliveryError for a failed send: not_sent where the server refused, unknown otherwise."""
     if _deferred(error):
         # A 4xx (a per-connection message limit, greylisting, a full queue): the server kept nothing, try later.
@@ -414,20 +351,6 @@ def _quiet(error: BaseException) -> BaseException | None:
     return None if isinstance(error, smtplib.SMTPException) else error
 
 
-def _check_key(key: object) -> str:
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise EmailDeliveryError(
-            "The idempotency key must be 1 to 200 visible ASCII characters, derived from the row "
-            "(e.g. f'outbox-mail-{row.pk}'), never random.",
-            code="invalid_idempotency_key",
-        )
-    return key
-
-
-def _key_hash(key: str) -> str:
-    return hashlib.sha256(f"{settings.ENVIRONMENT or ''}\0{key}".encode()).hexdigest()
-
-
 def _accepted_id(message: EmailMultiAlternatives) -> str:
     # A provider backend (django-anymail) answers its own id; the Message-ID is everyone else's.
     status = getattr(message, "anymail_status", None)
@@ -435,129 +358,3 @@ def _accepted_id(message: EmailMultiAlternatives) -> str:
     if isinstance(provider_id, str) and provider_id:
         return provider_id
     return str(message.extra_headers.get("Message-ID", "")).strip("<>")
-
-
-class _Ledger:
-    """The SentMail row of one key: reserved before the send, accepted after it, freed when nothing left."""
-
-    def __init__(self, key_hash: str, content_hash: str) -> None:
-        self.key_hash = key_hash
-        self.content_hash = content_hash
-
-    def reserve(self, provider: str, *, deduplicates: bool) -> SendResult | None:
-        """Mark the key ``sending``; answer the earlier acceptance instead, or refuse, when it was used."""
-        from .models import SentMail
-
-        for _ in range(3):  # a concurrent try can move the row between the read and the write
-            if self._insert_sending(provider):
-                return None
-            row = SentMail.objects.filter(key_hash=self.key_hash).first()
-            if row is None:
-                continue  # freed meanwhile: reserve again
-            if row.content_hash != self.content_hash:
-                raise EmailDeliveryError(
-                    "This idempotency key was used for another message: derive a key per message "
-                    "(a new row, a new key), never reuse one for changed content.",
-                    code="idempotency_conflict",
-                )
-            if row.state == "accepted":
-                return SendResult(status="accepted", provider=row.provider, message_id=row.message_id)
-            if row.state == "sending" and not deduplicates:
-                # An earlier try started this send and never recorded its end: it died during the call, or is
-                # in it now. Only the transport knows whether the message left, and it cannot tell us.
-                self._move("sending", "unknown")
-                raise EmailDeliveryError(
-                    "An earlier try of this message ended during the send: it may have left. Check, then "
-                    "requeue the row to send it again.",
-                    code="outcome_unknown",
-                    outcome="unknown",
-                )
-            if row.state == "sending" or self._move(row.state, "sending"):
-                # The transport deduplicates (ask it again), or a person requeued an unknown one: send.
-                return None
-        raise EmailDeliveryError(
-            "Another try is sending this message right now: a later run answers its outcome.",
-            code="outcome_unknown",
-            outcome="unknown",
-        )
-
-    def _insert_sending(self, provider: str) -> bool:
-        """Insert the key's row as ``sending``; False when the key has a row already. One statement, no exception.
-
-        PostgreSQL and SQLite say so with ``ON CONFLICT DO NOTHING RETURNING``, MariaDB and MySQL with
-        ``INSERT IGNORE`` and its row count; other databases take the IntegrityError path inside a savepoint.
-        """
-        from django.db import connections, router
-        from django.utils import timezone
-
-        from .models import SentMail
-
-        alias = router.db_for_write(SentMail)
-        connection = connections[alias]
-        with framework_write():
-            if connection.vendor in ("postgresql", "sqlite"):
-                table = connection.ops.quote_name(SentMail._meta.db_table)
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"INSERT INTO {table} (key_hash, content_hash, state, provider, message_id, created) "  # noqa: S608
-                        "VALUES (%s, %s, 'sending', %s, '', %s) ON CONFLICT (key_hash) DO NOTHING RETURNING key_hash",
-                        [
-                            self.key_hash,
-                            self.content_hash,
-                            provider,
-                            connection.ops.adapt_datetimefield_value(timezone.now()),
-                        ],
-                    )
-                    return cursor.fetchone() is not None
-            provider_fits = len(provider) <= SentMail._meta.get_field("provider").max_length  # type: ignore[operator]
-            if connection.vendor == "mysql" and provider_fits:
-                # IGNORE also turns a value too long for its column into a warning, so it is used only when every
-                # value fits: two fixed-length hashes and a provider name checked above. Then the one row it can
-                # skip is a duplicate key: a row count of 0 says the key has a row already.
-                table = connection.ops.quote_name(SentMail._meta.db_table)
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"INSERT IGNORE INTO {table} (key_hash, content_hash, state, provider, message_id, created) "  # noqa: S608
-                        "VALUES (%s, %s, 'sending', %s, '', %s)",
-                        [
-                            self.key_hash,
-                            self.content_hash,
-                            provider,
-                            connection.ops.adapt_datetimefield_value(timezone.now()),
-                        ],
-                    )
-                    return cursor.rowcount == 1
-            try:
-                with transaction.atomic(using=alias):
-                    SentMail.objects.using(alias).create(
-                        key_hash=self.key_hash, content_hash=self.content_hash, state="sending", provider=provider
-                    )
-                return True
-            except IntegrityError:
-                return False
-
-    def accepted(self, result: SendResult) -> None:
-        from django.utils import timezone
-
-        from .models import SentMail
-
-        with framework_write():  # one statement: its own transaction
-            SentMail.objects.filter(key_hash=self.key_hash).update(
-                state="accepted", provider=result.provider, message_id=result.message_id, accepted=timezone.now()
-            )
-
-    def unknown(self) -> None:
-        self._move("sending", "unknown")
-
-    def release(self) -> None:
-        """Forget the reservation: the message did not leave, so the next try sends it afresh."""
-        from .models import SentMail
-
-        with framework_write():
-            SentMail.objects.filter(key_hash=self.key_hash, state="sending", content_hash=self.content_hash).delete()
-
-    def _move(self, old: str, new: str) -> bool:
-        from .models import SentMail
-
-        with framework_write():
-            return bool(SentMail.objects.filter(key_hash=self.key_hash, state=old).update(state=new))

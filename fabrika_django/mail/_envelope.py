@@ -31,8 +31,8 @@ from django.core.validators import validate_email
 from django.db.models.fields.files import FieldFile
 from django.utils.module_loading import import_string
 
-from .conf import settings
-from .exceptions import EmailDeliveryError
+from ..conf import settings
+from ..exceptions import EmailDeliveryError
 
 MAX_ATTACHMENTS = 20
 MAX_RECIPIENTS = 50

@@ -14,17 +14,21 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core import checks
 from django.db import connections, models, router
 
-from . import _jobstate, _report  # modules, not their names: _report imports this one too
+from .. import _jobstate
+from .._sql import ops as sql
+from ..conf import settings
+from ..jobs import registry
+from ..models import Job
+from . import _report  # the module, not its names: _report imports this one too
 from ._history import dead_at_last_look
-from .jobs import registry
-from .models import Job
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a condition becomes a finding (tests lower them to create each condition quickly)."""
+    """When a condition becomes a finding: ``FABRIKA["HEALTH"]`` (``configured_thresholds()``), or a test's own."""
 
     #: A due row older than this is ``old_due_row``.
     old_due_row: timedelta = timedelta(hours=1)
@@ -41,6 +45,72 @@ class Thresholds:
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+
+#: ``FABRIKA["HEALTH"]``'s keys and defaults: seconds, counts and a ratio.
+HEALTH_DEFAULTS: dict[str, int | float] = {
+    "old_due_row_seconds": 3600,
+    "old_transaction_seconds": 300,
+    "old_transaction_error_seconds": 3600,
+    "bloat_dead_tuples": 10_000,
+    "bloat_ratio": 0.1,
+    "overdue_periods": 3,
+}
+#: The largest value of each kind a threshold may take: ten years of seconds, and as many periods or tuples (no
+#: finding comes later than that, and past it the time arithmetic overflows).
+_MOST = {"seconds": 10 * 365 * 86400, "count": 10**9}
+
+
+def configured_thresholds() -> Thresholds:
+    """The thresholds ``FABRIKA["HEALTH"]`` sets (the defaults for what it leaves out, or all where it is bad:
+    ``manage.py check`` says what, and health stays on rather than breaking the pages that show it)."""
+    given = settings.HEALTH
+    if given is None or check_setting(given):
+        return DEFAULT_THRESHOLDS
+    value = {**HEALTH_DEFAULTS, **given}
+    return Thresholds(
+        old_due_row=timedelta(seconds=value["old_due_row_seconds"]),
+        old_transaction=timedelta(seconds=value["old_transaction_seconds"]),
+        old_transaction_error=timedelta(seconds=value["old_transaction_error_seconds"]),
+        bloat_dead_tuples=value["bloat_dead_tuples"],
+        bloat_ratio=value["bloat_ratio"],
+        overdue_periods=value["overdue_periods"],
+    )
+
+
+def check_setting(value: object) -> list[checks.CheckMessage]:
+    """``fabrika.E038``: ``FABRIKA["HEALTH"]`` is a dict of known keys with positive numbers, a ratio of at most 1,
+    and an error threshold no lower than its warning threshold."""
+
+    def error(problem: str) -> list[checks.CheckMessage]:
+        return [
+            checks.Error(
+                f"Setting FABRIKA['HEALTH'] {problem}.",
+                hint="Set FABRIKA['HEALTH'] to a dict of the thresholds you change, e.g. {'old_due_row_seconds': "
+                f"600}}; its keys and defaults: {', '.join(f'{k}={v}' for k, v in HEALTH_DEFAULTS.items())}.",
+                id="fabrika.E038",
+            )
+        ]
+
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return error(f"is a {type(value).__name__}, not a dict")
+    unknown = sorted(str(key) for key in value if key not in HEALTH_DEFAULTS)
+    if unknown:
+        return error(f"has unknown key {unknown[0]!r}")
+    for key, given in value.items():
+        most = _MOST["seconds" if key.endswith("_seconds") else "count"]
+        if not isinstance(given, int | float) or isinstance(given, bool) or not 0 < given <= most:
+            return error(f"has {key}={given!r}, which is not a positive number of at most {most}")
+    if value.get("bloat_ratio", 0) > 1:
+        return error(f"has bloat_ratio={value['bloat_ratio']!r}, which is above 1 (a share of the live tuples)")
+    merged = {**HEALTH_DEFAULTS, **value}
+    if merged["old_transaction_error_seconds"] < merged["old_transaction_seconds"]:
+        return error(
+            f"has old_transaction_error_seconds={merged['old_transaction_error_seconds']!r} below "
+            f"old_transaction_seconds={merged['old_transaction_seconds']!r}: an error comes after its warning"
+        )
+    return []
 
 
 @dataclass(frozen=True)
@@ -64,9 +134,12 @@ def health_report(
     now: datetime,
     *,
     counts: dict[str, _report.QueueCounts] | None = None,
-    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    thresholds: Thresholds | None = None,
 ) -> list[Finding]:
-    """Return every finding, errors first. ``counts``: queue counts already read (by label), to read them once."""
+    """Return every finding, errors first. ``counts``: queue counts already read (by label), to read them once;
+    ``thresholds``: ``FABRIKA["HEALTH"]``'s unless given."""
+    if thresholds is None:
+        thresholds = configured_thresholds()
     if counts is None:
         counts = {model._meta.label: _report.count_queue(model, now, done=False) for model in _report.queue_models()}
     findings = [
@@ -207,13 +280,7 @@ def _queue_bloat(thresholds: Thresholds) -> list[Finding]:
     findings = []
     for alias, tables in sorted(by_alias.items()):
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT relname, n_dead_tup, n_live_tup, "
-                "extract(epoch FROM now() - greatest(last_vacuum, last_autovacuum)) "
-                "FROM pg_stat_user_tables WHERE schemaname = ANY(current_schemas(false)) AND relname = ANY(%s) "
-                "ORDER BY relname",
-                [list(tables)],
-            )
+            cursor.execute(sql.POSTGRESQL_TABLE_BLOAT, [list(tables)])
             rows = cursor.fetchall()
         for table, dead, live, vacuumed in rows:
             if dead < thresholds.bloat_dead_tuples or dead <= live * thresholds.bloat_ratio:
@@ -239,15 +306,7 @@ def _old_transactions(thresholds: Thresholds) -> list[Finding]:
     findings = []
     for alias in _postgresql_aliases([Job, *_report.queue_models()]):
         with connections[alias].cursor() as cursor:
-            # Only sessions holding the horizon (an xid or a snapshot); never the query text.
-            cursor.execute(
-                "SELECT pid, state, extract(epoch FROM now() - xact_start) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL "
-                "AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) "
-                "AND now() - xact_start > %s * interval '1 second' "
-                "ORDER BY xact_start LIMIT 5",
-                [thresholds.old_transaction.total_seconds()],
-            )
+            cursor.execute(sql.POSTGRESQL_OLD_TRANSACTIONS, [thresholds.old_transaction.total_seconds()])
             rows = cursor.fetchall()
         for pid, state, age in rows:
             seconds = float(age)

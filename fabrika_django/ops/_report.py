@@ -18,11 +18,13 @@ from django.db import connections, models, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import _health, _jobstate
-from ._caches import resets_with_settings
-from ._queuestate import not_done_q, q_sql, state_sql
-from .jobs import registry
-from .models import QueueModel
+from .. import _jobstate
+from .._caches import resets_with_settings
+from .._queuestate import not_done_q, q_sql, state_sql
+from .._sql import ops as ops_sql
+from ..jobs import registry
+from ..models import QueueModel
+from . import _health
 
 
 @dataclass
@@ -96,19 +98,14 @@ def _compile_count(
     dead, dead_params = state_sql(model, "dead", now, connection)
     done_sql, done_params = state_sql(model, "done", now, connection)
     limit = "" if cap is None else " LIMIT %s"
-    done_count = f"(SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {done_sql}{limit}) fabrika_done)"  # noqa: S608
-    sql = (
-        f"SELECT COUNT(CASE WHEN {waiting} THEN 1 END), "  # noqa: S608  quoted names, values as parameters
-        f"COUNT(CASE WHEN {due_now} THEN 1 END), "
-        f"COUNT(CASE WHEN {dead} THEN 1 END), "
-        f"MIN(CASE WHEN {due_now} THEN {due} END), "
-        f"{done_count if done else '0'} "
-        f"FROM {table} WHERE {indexed}"
+    done_count = ops_sql.DONE_COUNT.format(table=table, done=done_sql, limit=limit) if done else "0"
+    statement = ops_sql.QUEUE_COUNTS.format(
+        waiting=waiting, due_now=due_now, dead=dead, due=due, done_count=done_count, table=table, indexed=indexed
     )
     params = [*waiting_params, *due_now_params, *dead_params, *due_now_params]
     if done:
         params += [*done_params, *([] if cap is None else [cap + 1])]
-    return sql, params + indexed_params
+    return statement, params + indexed_params
 
 
 def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = None, done: bool = True) -> QueueCounts:

@@ -1,0 +1,54 @@
+"""``fabrika.E040``: a ``TASKS`` backend that is fabrika's, without fabrika_django in ``INSTALLED_APPS``.
+
+Django runs each backend's own ``check()`` only where its tasks checks are registered: on Django 6.1 once
+something imported ``django.tasks``, on 5.2 when the backport's app is installed. So the mistake could pass
+``manage.py check`` and surface as the first enqueue's error. ``checks.py`` registers ``check_tasks_backends``, which
+reads ``TASKS`` without making a backend, and the backend's ``check()`` stays quiet wherever that one runs (here
+nothing is registered, so the backend may import this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig, apps
+from django.conf import settings as django_settings
+from django.core import checks
+from django.utils.module_loading import import_string
+
+#: The backend's class path; a subclass is fabrika's too.
+_BACKEND = "fabrika_django.tasks.FabrikaBackend"
+
+
+def not_installed(alias: str) -> checks.Error:
+    return checks.Error(
+        f"TASKS[{alias!r}] is a FabrikaBackend, but fabrika_django is not installed.",
+        hint="Add 'fabrika_django' to INSTALLED_APPS and run migrate.",
+        id="fabrika.E040",
+    )
+
+
+def check_tasks_backends(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report each ``TASKS`` alias whose backend is fabrika's while fabrika_django is not installed."""
+    if apps.is_installed("fabrika_django"):
+        return []
+    return [not_installed(alias) for alias in fabrika_aliases()]
+
+
+def fabrika_aliases() -> list[str]:
+    """The ``TASKS`` aliases whose ``BACKEND`` is ``FabrikaBackend`` or a subclass (importing only the named)."""
+    aliases = []
+    for alias, params in getattr(django_settings, "TASKS", {}).items():
+        backend = params.get("BACKEND", "") if isinstance(params, dict) else ""
+        if backend == _BACKEND:
+            aliases.append(alias)
+            continue
+        try:
+            backend_class = import_string(backend)
+            fabrika_class = import_string(_BACKEND)
+        except ImportError:
+            continue  # Django's own check reports an unknown backend
+        if isinstance(backend_class, type) and issubclass(backend_class, fabrika_class):
+            aliases.append(alias)
+    return aliases

@@ -1,0 +1,146 @@
+"""``QueueModel``: the abstract base of a table whose rows are work, and the partial indexes every queue table gets."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from django.db import models, router, transaction
+from django.db.models.deletion import Collector
+from django.db.models.signals import class_prepared
+from django.dispatch import receiver
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state, state_q
+from ..exceptions import VersionConflict
+from ..queues import QueueManager, _now, _refuse_own_fields, _update_row
+
+FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
+
+
+class QueueModel(models.Model):
+    """A table whose rows are work: mix it into a model, claim its rows in a job.
+
+    A row is *waiting* while ``due`` is set and its attempts are below ``Queue.max_attempts``, *dead* once
+    they reach it, and *done* when ``due`` is null. Optional options::
+
+        class Queue:
+            max_attempts = 5    # default 10
+    """
+
+    attempts = models.PositiveIntegerField(_("attempts"), default=0, editable=False)
+    due = models.DateTimeField(_("due"), null=True, blank=True, default=timezone.now, editable=False)
+    version = models.PositiveIntegerField(_("version"), default=0, editable=False)
+    last_failure = models.CharField(_("last failure"), max_length=64, blank=True, default="", editable=False)
+
+    objects = QueueManager()
+
+    class Meta:
+        abstract = True
+
+    class Queue:
+        max_attempts = DEFAULT_MAX_ATTEMPTS
+
+    @property
+    def state(self) -> str:
+        """Return ``"waiting"``, ``"dead"`` or ``"done"``."""
+        return row_state(self)
+
+    @property
+    def is_due_now(self) -> bool:
+        """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
+        return row_state(self) == "waiting" and self.due is not None and self.due <= _now()
+
+    def finish(self, **values: Any) -> None:
+        """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""
+        _refuse_own_fields("finish", values)
+        self._write_versioned(dict(values, due=None))
+
+    def requeue(self, at: datetime | None = None) -> None:
+        """Make the row due again at ``at`` (now by default) with no attempts, if it is unchanged.
+
+        "Now" is the run's clock inside a job run (a test's fixed one), the wall clock elsewhere (the admin).
+        """
+        self._write_versioned({"due": at if at is not None else _now(), "attempts": 0})
+
+    def record_failure(self, code: str, *, give_up: bool = False) -> None:
+        """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message.
+
+        ``give_up=True`` also makes the row dead at once (its attempts reach ``max_attempts``): for a failure no
+        retry can fix, such as a refused message; a person requeues it from the admin.
+        """
+        if not isinstance(code, str) or not FAILURE_CODE.fullmatch(code):
+            # The value is not quoted back: a wrong code is often an error's message, which can quote a user's data.
+            raise ValueError(
+                "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
+                "naming the step (e.g. 'send'), never an error message."
+            )
+        values: dict[str, Any] = {"last_failure": code}
+        if give_up:
+            values["attempts"] = max(self.attempts, max_attempts_of(type(self)))
+        self._write_versioned(values)
+
+    def remove(self) -> None:
+        """Delete the row, if it is unchanged since it was read."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        mine = type(self)._base_manager.using(using).filter(pk=self.pk, version=self.version)
+        if Collector(using, origin=self).can_fast_delete(mine):
+            deleted, _rows = mine.delete()  # one DELETE ... WHERE pk AND version
+        else:
+            # Cascades and delete signals make Django read the row before it deletes it by pk: lock it in that
+            # read, so the version checked there still holds when the DELETE comes.
+            with transaction.atomic(using=using):
+                deleted, _rows = mine.select_for_update().delete()
+        if not deleted:
+            raise self._conflict()
+
+    def _write_versioned(self, values: dict[str, Any]) -> None:
+        """Write ``values`` and the next version in one UPDATE conditioned on the version read."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        if not _update_row(type(self), using, self.pk, self.version, values):
+            raise self._conflict()
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.version += 1
+
+    def _conflict(self) -> VersionConflict:
+        return VersionConflict(
+            f"{self._meta.label} {self.pk} changed since it was read (version {self.version}): nothing was written. "
+            "Re-read it with select_for_update() inside ctx.transaction() and decide again."
+        )
+
+
+@receiver(class_prepared)
+def _add_queue_indexes(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give every concrete queue model its claim index and its dead-row index, both partial.
+
+    The claim index, on ``(due, pk)`` (claim's order: oldest due, then pk), holds waiting rows only: done rows
+    (due null) are most of a busy table and dead ones can pile up by the million, and the claim walks this
+    index, so neither may be in it. The dead-row index, on ``pk``, holds dead rows only, so the overview counts
+    them and the admin lists them without reading the table. Both predicates are the states' own ``Q``
+    (``_queuestate``), with the model's ``max_attempts`` in them: changing it makes a migration. A backend
+    without partial indexes (MariaDB, MySQL) builds both whole; a model that declares an index of either
+    name keeps its own.
+    """
+    if not issubclass(sender, QueueModel) or sender._meta.abstract or sender._meta.proxy:
+        return
+    pk = sender._meta.pk.name
+    wanted = [
+        _named_index(sender, ["due", pk], state_q(sender, "waiting")),
+        _named_index(sender, [pk], state_q(sender, "dead")),
+    ]
+    declared = {index.name for index in sender._meta.indexes}
+    added = [index for index in wanted if index.name not in declared]
+    if added:
+        sender._meta.indexes = [*sender._meta.indexes, *added]
+        # Migrations read a model's indexes only when its Meta declared some.
+        sender._meta.original_attrs["indexes"] = sender._meta.indexes
+
+
+def _named_index(model: type[models.Model], fields: list[str], condition: models.Q) -> models.Index:
+    """Return an index on ``fields`` with Django's own short, stable name for them, and ``condition``."""
+    named = models.Index(fields=fields)
+    named.set_name_with_model(model)
+    return models.Index(fields=fields, name=named.name, condition=condition)

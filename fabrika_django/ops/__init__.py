@@ -1,0 +1,1 @@
+"""Operations: health, counts, metrics, hourly history and its charts, and the file sweep."""
