@@ -8,11 +8,14 @@ finally returns.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 
-from django.db import connections
+from django.db import connection, connections
+
+logger = logging.getLogger("fabrika_django.worker")
 
 # Idle threads kept at most; more only while more attempts run at once.
 _KEEP_IDLE = 8
@@ -49,6 +52,14 @@ class _HandlerThread(threading.Thread):
                     return
         finally:
             connections.close_all()
+
+
+def close_quietly() -> None:
+    """Close this thread's default connection; one that broke cannot fail the caller (it is gone either way)."""
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("Closing a broken connection failed")
 
 
 def _drop_broken_connections() -> None:

@@ -31,6 +31,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from . import _prepared
+from ._caches import resets_with_settings
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START, framework_write
 from .conf import settings
@@ -351,7 +352,7 @@ def ask_for_lane(name: str, lanes: int) -> bool:
 
 # ask_for_lane's UPDATE by (database alias, job, lanes), compiled by the ORM once: every full claim of a run in
 # lanes sends it, and compiling it again each time cost more of the worker's Python than the claim's own SQL.
-_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = {}
+_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = resets_with_settings({})
 
 
 def _lane_ask(alias: str, name: str, lanes: int) -> tuple[str, tuple[Any, ...]]:
@@ -655,9 +656,10 @@ def _expires(seconds: float) -> Any:
 # row's xmax (a dirtied page, WAL) in every fenced transaction: about a quarter millisecond of the server's.
 #
 # A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends its fenced transaction, and the
-# takeover would wait for as long as the process stays frozen (DESIGN §15 bounds that to about a lease). The
-# shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an *expired* lease ends
-# those sessions (pg_terminate_backend) before it asks for the exclusive lock: their transactions roll back,
+# takeover would wait for as long as the process stays frozen, where a frozen holder may block its job for about
+# a lease at most. The shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an
+# *expired* lease ends those sessions (pg_terminate_backend) before it asks for the exclusive lock: their
+# transactions roll back,
 # which the fence would have done at their commit anyway, since an attempt whose lease expired may not commit;
 # the exclusive lock then waits only for those sessions to exit. A live holder keeps renewing, so its lease
 # never expires and its transactions are never touched.
@@ -819,7 +821,7 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
         if not again:
             freed = mine.update(**_FREE)
             if freed and outcome in CUT_OFF:
-                # Cut off, and nobody took over: the job must not sit idle with its work left (DESIGN §15).
+                # Cut off, and nobody took over: the job must not sit idle with its work left, so it is left pending.
                 Job.objects.filter(name=lease.job, pending_since__isnull=True).update(pending_since=Now())
                 notify(lease.job)  # PostgreSQL sends it when this transaction commits
             return False

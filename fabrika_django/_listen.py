@@ -8,6 +8,8 @@ per-thread connections may be closed or reused under it.
 from __future__ import annotations
 
 import logging
+import selectors
+import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -19,12 +21,13 @@ from django.utils.connection import ConnectionDoesNotExist
 from . import _db_failure
 from ._channel import CHANNEL
 from .backoff import doubling
+from .conf import settings
 
 logger = logging.getLogger("fabrika_django.worker")
 
-# Seconds between checks of the stop flag (and of the connection, by a round trip now and then).
-_WAIT_SECONDS = 0.5
-_PING_EVERY = 20
+# Seconds of silence after which a round trip checks the connection: one that died without a word (a dropped
+# network) shows up only then. The stop does not wait for it: it wakes the thread at once.
+_WAIT_SECONDS = 10.0
 
 
 class Backoff:
@@ -59,9 +62,10 @@ def listen_alias(alias: str | None) -> str | None:
 class Listener(threading.Thread):
     """LISTENs on the kick channel and hands each job name to ``on_kick``.
 
-    After every (re)connection it calls ``on_connect``: kicks sent while it was away are not lost, since the
-    worker then reads every pending flag again. A lost connection calls ``on_lost`` and is retried with a
-    growing pause.
+    It waits on the connection's socket and on a socket pair of its own, where ``wake()`` writes a byte: a
+    stopping worker's listener ends at once, not at the end of its wait. After every (re)connection it calls
+    ``on_connect``: kicks sent while it was away are not lost, since the worker then reads every pending flag
+    again. A lost connection calls ``on_lost`` and is retried with a growing pause.
     """
 
     def __init__(
@@ -78,8 +82,40 @@ class Listener(threading.Thread):
         self.stop = stop
         self.on_kick, self.on_connect, self.on_lost = on_kick, on_connect, on_lost
         self.backoff = Backoff()
+        self._woken, self._waker = socket.socketpair()
+        self._woken.setblocking(False)
+        self._waker.setblocking(False)
+
+    @classmethod
+    def if_configured(
+        cls,
+        stop: threading.Event,
+        *,
+        on_kick: Callable[[str], None],
+        on_connect: Callable[[], None],
+        on_lost: Callable[[], None],
+    ) -> Listener | None:
+        """The listener on ``FABRIKA["LISTEN_DATABASE"]``, or None when the worker polls (not PostgreSQL, or off)."""
+        alias = listen_alias(settings.LISTEN_DATABASE)
+        if alias is None:
+            return None
+        return cls(alias, stop, on_kick=on_kick, on_connect=on_connect, on_lost=on_lost)
+
+    def wake(self) -> None:
+        """End the thread's wait now, to look at the stop flag (from any thread; a signal handler too)."""
+        try:
+            self._waker.send(b"\0")
+        except OSError:
+            pass  # a full buffer: a wake is pending already; a closed pair: the thread has ended
 
     def run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._woken.close()
+            self._waker.close()
+
+    def _serve(self) -> None:
         while not self.stop.is_set():
             wrapper = connections.create_connection(self.alias)
             try:
@@ -109,16 +145,26 @@ class Listener(threading.Thread):
         self.backoff.reset()
         logger.debug("Listening channel=%s alias=%s", CHANNEL, self.alias)
         self.on_connect()
-        idle = 0
-        while not self.stop.is_set():
-            heard = False
-            for note in raw.notifies(timeout=_WAIT_SECONDS):
-                heard = True
-                self.on_kick(note.payload)
-                if self.stop.is_set():
-                    return
-            idle = 0 if heard else idle + 1
-            if idle >= _PING_EVERY:
-                # A connection that died without a word (a dropped network) shows up only on a round trip.
-                raw.execute("SELECT 1")
-                idle = 0
+        with selectors.DefaultSelector() as selector:
+            selector.register(raw.fileno(), selectors.EVENT_READ)
+            selector.register(self._woken, selectors.EVENT_READ)
+            self._hand_over(raw)  # notes that came with the LISTEN's answer: read already, so no socket wakes
+            while not self.stop.is_set():
+                if not selector.select(timeout=_WAIT_SECONDS):
+                    raw.execute("SELECT 1")  # silence: is the connection still there? (notes heard meanwhile wait)
+                self._drain_wakes()
+                self._hand_over(raw)
+
+    def _hand_over(self, raw) -> None:
+        """Hand each note received (read now, without waiting) to ``on_kick``, until the worker stops."""
+        for note in raw.notifies(timeout=0):
+            if self.stop.is_set():
+                return
+            self.on_kick(note.payload)
+
+    def _drain_wakes(self) -> None:
+        try:
+            while self._woken.recv(64):
+                pass
+        except BlockingIOError:
+            pass

@@ -79,7 +79,7 @@ class RunExecutor(Executor):
         ctx = self._ctx
         ctx._pool_connections.extend(connections[alias] for alias in connections)
         try:
-            with running(ActiveRun(job=ctx.job, clock=ctx._clock, context=ctx)), write_guard():
+            with running(ActiveRun(job=ctx.job, clock=ctx.now, context=ctx)), write_guard():
                 while (task := self._tasks.get()) is not None:
                     future, fn, args, kwargs = task
                     if not future.set_running_or_notify_cancel():

@@ -70,7 +70,7 @@ class ActiveRun:
 
 @dataclass
 class LaneDemand:
-    """What a run's claims say about its backlog, for a job with lanes (DESIGN §11).
+    """What a run's claims say about its backlog, for a job with lanes (a full claim asks for one more lane).
 
     Shared by the run's attempts and their executor threads; claim() writes it, the runner reads it at the end.
     """

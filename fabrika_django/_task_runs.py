@@ -26,6 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import _prepared
+from ._caches import resets_with_settings
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
 from ._task_paths import TaskNotRegistered, TaskOutsideProject, task_of
@@ -171,6 +172,7 @@ def claim_at_start(alias: str, queue: str) -> Callable[[Any, datetime, Any], tup
 _NOW = datetime(2000, 1, 1, tzinfo=UTC)
 
 
+@resets_with_settings
 @functools.lru_cache(maxsize=4)
 def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
     """The claim as a statement of its own: ``_claim_pieces`` put together (see there)."""
@@ -180,6 +182,7 @@ def _claim_sql(using: str) -> tuple[str, dict[str, Any], list[Any], Callable[[tu
     return sql, fixed, fields, convert
 
 
+@resets_with_settings
 @functools.lru_cache(maxsize=8)
 def _claim_pieces(using: str, start: bool = False) -> tuple[str, str, str, dict[str, Any]]:
     """The tasks' claim on PostgreSQL: its WITH items, its answer's columns, its order, and the values of its fixed
@@ -252,6 +255,7 @@ def _claim_pieces(using: str, start: bool = False) -> tuple[str, str, str, dict[
     return ctes, columns, "picked.priority DESC, picked.due, picked.id", fixed
 
 
+@resets_with_settings
 @functools.lru_cache(maxsize=4)
 def _claim_fields(using: str) -> tuple[list[Any], Callable[[tuple[Any, ...]], list[Any]]]:
     """The claim's answer: its fields in column order, and the converter of a row it answers."""

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
@@ -19,8 +19,15 @@ from ._running import active_run, framework_write
 from .exceptions import AttemptTimedOut, LeaseLost, UndeclaredKick, WorkerStopping
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from ._fence import LeaseFence
+    from ._running import LaneDemand
+    from .egress import FetchResponse
     from .jobs import CronJob
+    from .mail import Mailer
+    from .models import QueueModel
+    from .tokens import Tokens
 
 logger = logging.getLogger("fabrika_django.jobs")
 
@@ -83,7 +90,7 @@ class AbortSignal:
 class _JobLogAdapter(logging.LoggerAdapter):
     """Prefixes each line with the job, run and attempt: ids only, never users' data."""
 
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+    def process(self, msg: object, kwargs: MutableMapping[str, Any]) -> tuple[str, MutableMapping[str, Any]]:
         extra = self.extra or {}
         kwargs.setdefault("extra", {}).update(extra)
         return f"job={extra['job']} run={extra['run']} attempt={extra['attempt']} {msg}", kwargs
@@ -104,10 +111,11 @@ class JobContext:
         trigger: str,
         signal: AbortSignal,
         fence: LeaseFence,
-        clock: Any,
+        clock: Callable[[], datetime],
         mail_mode: str | None = None,
         lane: int = 0,
-        demand: Any = None,
+        demand: LaneDemand | None = None,
+        claimed_at_start: tuple[str, list[tuple[Any, ...]]] | None = None,
     ) -> None:
         self.job = job
         #: The lane (0-based) of the run: one of the job's ``lanes`` runs that may be active at once.
@@ -122,9 +130,9 @@ class JobContext:
         self._fence = fence
         self._clock = clock
         #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
-        self._pool_connections: list[Any] = []
+        self._pool_connections: list[BaseDatabaseWrapper] = []
         #: (alias, rows) a queue job's first claim answered in the run's start (``_running.CLAIMS_AT_START``), or None.
-        self._claimed_at_start: Any = None
+        self._claimed_at_start = claimed_at_start
         self.log = _JobLogAdapter(logger, {"job": job.name, "run": str(run_id), "attempt": attempt})
 
     def __repr__(self) -> str:
@@ -169,7 +177,7 @@ class JobContext:
 
         return RunExecutor(self, max_workers)
 
-    def row(self, row: Any, step: str, *, give_up: bool = False) -> AbstractContextManager[Any]:
+    def row(self, row: QueueModel, step: str, *, give_up: bool = False) -> AbstractContextManager[None]:
         """One claimed row's work: an exception inside is the row's failure, not the attempt's.
 
         ``with ctx.row(row, step="send"): ...`` — an exception raised inside (other than the attempt's abort and
@@ -201,26 +209,26 @@ class JobContext:
             mailer.close()
 
     @cached_property
-    def mail(self) -> Any:
+    def mail(self) -> Mailer:
         """The job's mailer (jobs that declare ``mailer``)."""
         from .mail import mailer_for
 
         return mailer_for(self)
 
     @cached_property
-    def tokens(self) -> Any:
+    def tokens(self) -> Tokens:
         """Signed tokens for the purposes the job declares in ``signs``."""
         from .tokens import tokens_for
 
         return tokens_for(self)
 
-    def url(self, name: str, *, query: dict[str, Any] | None = None, kwargs: dict[str, Any] | None = None) -> str:
+    def url(self, name: str, *, query: dict[str, object] | None = None, kwargs: dict[str, object] | None = None) -> str:
         """Return an absolute URL of the application's view ``name``, from the BASE_URL setting."""
         from .tokens import absolute_url
 
         return absolute_url(name, query=query, kwargs=kwargs)
 
-    def fetch(self, method: str, url: str, **options: Any) -> Any:
+    def fetch(self, method: str, url: str, **options: Any) -> FetchResponse:
         """Make an HTTPS request to one of the job's declared ``egress`` origins, within the attempt's time."""
         from .egress import fetch_for
 

@@ -32,6 +32,7 @@ from django.apps import apps
 from django.db import connections
 from sqlparse import tokens as T
 
+from ._caches import resets_with_settings
 from ._running import active_run
 from .conf import settings
 from .exceptions import CapabilityRefused, WriteOutsideTransaction
@@ -191,7 +192,7 @@ def _selects_into(statement: list[tuple[Any, str]]) -> bool:
     return False
 
 
-_cached_classify = lru_cache(maxsize=1024)(_classify)
+_cached_classify = resets_with_settings(lru_cache(maxsize=1024)(_classify))
 
 
 def _tokens(sql: str) -> Iterator[tuple[Any, str]]:
@@ -262,6 +263,7 @@ def _model_of_table(table: str) -> Any:
     return tables.get(table) or tables.get(table.lower())
 
 
+@resets_with_settings
 @lru_cache(maxsize=1)
 def _models_by_table() -> dict[str, Any]:
     """Map each application table to the model whose permission guards it; fabrika's tables are exempt."""

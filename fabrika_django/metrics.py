@@ -5,8 +5,8 @@ session, or a scraper that sends ``Authorization: Bearer <FABRIKA["METRICS_TOKEN
 the overview's bounded reads: one counting statement per queue table, and one read each of the jobs and their
 leases. Needs the extra ``fabrika-django[prometheus]``.
 
-Gauges (public names, DESIGN §14): ``fabrika_queue_rows{queue, state}`` (waiting includes due now; done is
-counted up to 10,000, and 10,001 means more), ``fabrika_queue_oldest_due_age_seconds{queue}``,
+Gauges (public names: dashboards and alerts match them): ``fabrika_queue_rows{queue, state}`` (waiting includes
+due now; done is counted up to 10,000, and 10,001 means more), ``fabrika_queue_oldest_due_age_seconds{queue}``,
 ``fabrika_job_active_lanes{job}``, ``fabrika_job_pending{job}``, ``fabrika_job_failures_in_row{job}``,
 ``fabrika_job_last_success_age_seconds{job}`` (absent until the job first succeeds).
 """

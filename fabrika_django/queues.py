@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from . import _channel
 from . import _prepared as _prepared_sql
+from ._caches import resets_with_settings
 
 # Re-exported: projects and checks know them from here.
 from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
@@ -155,7 +156,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
 
 
 def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
-    """Tell the run what its claim said about the backlog; a full claim asks for one more lane (DESIGN §11)."""
+    """Tell the run what its claim said about the backlog; a full claim asks for one more lane."""
     demand = getattr(run.context, "_demand", None)
     if demand is not None and demand.claimed(count, limit):
         # Imported here: _jobstate imports the models, which import this module.
@@ -178,9 +179,9 @@ def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
 #: By (model, alias, job alias or None where the statement carries no lane ask): the statement and the names of
 #: the fields its answer's columns are, in order; None where the claim goes the long way (a field read through a
 #: converter, a parent table).
-_ONE_STATEMENT: dict[tuple[Any, ...], tuple[str, list[str]] | None] = {}
+_ONE_STATEMENT: dict[tuple[Any, ...], tuple[str, list[str]] | None] = resets_with_settings({})
 #: By (job period, max_attempts): the backoff of a row claimed with 0, 1, ... attempts, up to the first capped one.
-_BACKOFFS: dict[tuple[Any, int], list[Any]] = {}
+_BACKOFFS: dict[tuple[Any, int], list[Any]] = resets_with_settings({})
 
 
 def _claim_in_one(
@@ -406,7 +407,7 @@ def _hinted(sql: str, rows: QueueQuerySet[Any], connection: BaseDatabaseWrapper)
 # or on a queryset that is not the manager's own (a filter, an annotation...), compiles every time.
 # Its rows are made as the ORM makes them (``Model.from_db`` with the selected fields' names), fetched at once:
 # a model whose selected fields convert values read from the database always goes the long way.
-_CLAIM_READS: dict[tuple[Any, ...], tuple[str, tuple[Any, ...], int, list[str]] | None] = {}
+_CLAIM_READS: dict[tuple[Any, ...], tuple[str, tuple[Any, ...], int, list[str]] | None] = resets_with_settings({})
 
 
 def _compiled_claim(
@@ -458,7 +459,7 @@ def _db_now(model: type[models.Model], connection: BaseDatabaseWrapper, now: dat
 
 
 # A manager's own queryset of each model, to tell a claim's queryset from one with filters or other changes.
-_PLAIN_QUERIES: dict[type[models.Model], Any] = {}
+_PLAIN_QUERIES: dict[type[models.Model], Any] = resets_with_settings({})
 
 
 def _is_plain(rows: QueueQuerySet[Any]) -> bool:
@@ -553,7 +554,7 @@ def _update_row(model: type[models.Model], using: str, pk: Any, version: int, va
 
 # A finish's UPDATE by (model, field names, vendor): the same few statements come back for every row, and
 # looking up and quoting their fields cost as much Python as the rest of a finishing transaction.
-_ROW_UPDATES: dict[tuple[Any, ...], tuple[str, list[Any]] | None] = {}
+_ROW_UPDATES: dict[tuple[Any, ...], tuple[str, list[Any]] | None] = resets_with_settings({})
 
 
 def _row_update(

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connection as default_connection
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from . import _jobstate
@@ -29,11 +31,14 @@ from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
 from .jobs import CronJob, registry
+from .models import Outcome, Trigger
 from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 
-_STOP_OUTCOMES = frozenset({"lease_lost", "shutdown"})
+_STOP_OUTCOMES = frozenset({Outcome.LEASE_LOST, Outcome.SHUTDOWN})
+#: A run that did not start: another run of the job is active, and the job was left pending for it.
+COALESCED = "coalesced"
 
 
 @dataclass
@@ -48,11 +53,11 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("succeeded", "coalesced")
+        return self.outcome in (Outcome.SUCCEEDED, COALESCED)
 
     @property
     def coalesced(self) -> bool:
-        return self.outcome == "coalesced"
+        return self.outcome == COALESCED
 
     @property
     def failure(self) -> str | None:
@@ -80,16 +85,14 @@ def sync_jobs(names: list[str] | None = None) -> None:
 
 def run(
     job: CronJob | str,
-    trigger: str = "manual",
+    trigger: str = Trigger.MANUAL,
     *,
     stop: threading.Event | None = None,
     holder: str | None = None,
     clock: Callable[[], datetime] | None = None,
     mail_mode: str | None = None,
-    inline: bool | None = None,
     pause: Callable[[int], float] | None = None,
     mark_pending: bool = True,
-    after_inline_attempt: Callable[[], None] | None = None,
 ) -> RunResult:
     """Run ``job`` now in a lane of its own, or mark it pending when it is busy ("coalesced").
 
@@ -97,17 +100,16 @@ def run(
     for; its run's lease, attempts and history are its lane's (``_jobstate.start_or_join``).
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
-    seconds between them (a short growing pause by default). When the job was kicked during the run, it
-    runs once more before the lease is released; the result is still the first run's (``runs`` counts all).
-    ``mark_pending=False`` (a worker serving the pending
-    flag) leaves the flag as it is when another run is active: that run started after the flag was set,
-    or sees it when it ends. ``after_inline_attempt`` is called after each attempt run inline on the
-    caller's connection (the test kit's, to keep its transaction usable).
+    seconds between them (a short growing pause by default; the test kit's ``run_job`` passes none). When
+    the job was kicked during the run, it runs once more before the lease is released; the result is still
+    the first run's (``runs`` counts all). ``mark_pending=False`` (a worker serving the pending flag) leaves
+    the flag as it is when another run is active: that run started after the flag was set, or sees it when
+    it ends. Called inside an open transaction (a test's), the run's attempts run inline on that
+    transaction's connection, each standing alone as it would in a transaction of its own.
     """
     if isinstance(job, str):
         job = registry.get(job)
-    if inline is None:
-        inline = default_connection.in_atomic_block
+    inline = default_connection.in_atomic_block
     seconds = _lease_seconds(job)
     start = _jobstate.Start(
         job=job.name,
@@ -123,7 +125,7 @@ def run(
     lease = _jobstate.start_or_join(start)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
-        return RunResult(job=job.name, outcome="coalesced")
+        return RunResult(job=job.name, outcome=COALESCED)
     held = _Held(lease, valid_until(sent, seconds), LaneDemand(job.name, job.lanes))
     runs = 0
     first: RunResult | None = None
@@ -137,7 +139,6 @@ def run(
             mail_mode=mail_mode,
             inline=inline,
             pause=pause or _default_pause,
-            after_inline_attempt=after_inline_attempt,
         )
         first = first or result
         first.runs = runs
@@ -169,7 +170,6 @@ def _run_attempts(
     mail_mode: str | None,
     inline: bool,
     pause: Callable[[int], float],
-    after_inline_attempt: Callable[[], None] | None,
 ) -> RunResult:
     lease = held.lease
     logger.info("Run started job=%s lane=%d run=%s trigger=%s", job.name, lease.lane, lease.run_id, lease.trigger)
@@ -179,11 +179,11 @@ def _run_attempts(
     while True:
         began_attempt = time.monotonic()
         outcome, error = _attempt(job, held, stop=stop, clock=clock, mail_mode=mail_mode, inline=inline)
-        if inline and after_inline_attempt is not None:
-            after_inline_attempt()
+        if inline:
+            _keep_callers_transaction_usable()
         _record(lease, outcome, error)
         _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
-        if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:
+        if outcome == Outcome.SUCCEEDED or outcome in _STOP_OUTCOMES or number >= last:
             break
         interrupted = _pause_under_lease(lease, pause(number), _lease_seconds(job), stop)
         if interrupted is not None:
@@ -193,7 +193,7 @@ def _run_attempts(
         _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
         if not _jobstate.rotate(lease, number, _lease_seconds(job)):
-            outcome = "lease_lost"
+            outcome = Outcome.LEASE_LOST
             break
         held.valid_until = valid_until(sent, _lease_seconds(job))
     logger.info(
@@ -222,11 +222,11 @@ def _pause_under_lease(
         step = min(left, lease_seconds / 3)
         if stop is not None:
             if stop.wait(step):
-                return "shutdown"
+                return Outcome.SHUTDOWN
         else:
             time.sleep(step)
         if end - time.monotonic() > 0 and not _renew(lease, lease_seconds):
-            return "lease_lost"
+            return Outcome.LEASE_LOST
     return None
 
 
@@ -255,9 +255,9 @@ def _attempt(
         mail_mode=mail_mode,
         lane=lease.lane,
         demand=held.demand,
+        claimed_at_start=lease.claimed,  # the first batch, when the start claimed it
     )
-    # The first batch, when the start claimed it (the run's first attempt only).
-    ctx._claimed_at_start, lease.claimed = lease.claimed, None
+    lease.claimed = None  # the run's first attempt only
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout
@@ -272,6 +272,30 @@ def _attempt(
         lease_seconds=_lease_seconds(job),
         renew=lambda seconds: _renew(lease, seconds),
     )
+
+
+def _keep_callers_transaction_usable() -> None:
+    """Undo the rollback mark a failed inline attempt left on the caller's transaction.
+
+    Django marks the enclosing atomic block for rollback when a statement raises, even one the write guard
+    refused before it reached the database. Run on its own, each attempt's failed statement stands alone;
+    inline, the caller's transaction stands for the database, so unless the database itself aborted it, it
+    carries on (the attempt's record and the next attempt need it), keeping what the attempt committed
+    before it failed, as a run on its own would.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block and transaction.get_rollback(conn.alias) and not _aborted_by_the_database(conn):
+            transaction.set_rollback(False, conn.alias)
+
+
+def _aborted_by_the_database(conn: BaseDatabaseWrapper) -> bool:
+    """Return whether the database itself aborted the connection's transaction (PostgreSQL's INERROR)."""
+    if conn.vendor != "postgresql" or conn.connection is None:
+        return False
+    # Imported here: psycopg is the postgres extra's, not a dependency of every project.
+    from psycopg.pq import TransactionStatus
+
+    return bool(conn.connection.info.transaction_status == TransactionStatus.INERROR)
 
 
 def _renew(lease: _jobstate.Started, seconds: float) -> bool:
@@ -298,7 +322,7 @@ def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None)
         fields["frames"] = _frames(error)
         if settings.STORE_ERROR_MESSAGES:
             fields["message"] = str(error)
-    if outcome != "succeeded":
+    if outcome != Outcome.SUCCEEDED:
         logger.warning(
             "Attempt failed job=%s run=%s attempt=%d outcome=%s error=%s",
             lease.job,

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import _prepared, _tasks_checks
+from ._caches import resets_with_settings
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
 from ._task_runs import claim_at_start, result_of, serve_queue
@@ -180,6 +181,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
     _note_kick(job, alias)
 
 
+@resets_with_settings
 @functools.lru_cache(maxsize=8)
 def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.

@@ -13,11 +13,12 @@ This module is imported by that plugin before Django is set up: it imports no mo
 from __future__ import annotations
 
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection
 from django.test import TestCase
 from django.utils import timezone
 
@@ -89,19 +90,8 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
         clock = _clock
     else:
         clock = timezone.now
-    if connection.in_atomic_block:
-        with _commit_hooks_of_the_run():
-            result = runner.run(
-                name,
-                "manual",
-                clock=clock,
-                mail_mode=mail,
-                inline=True,
-                pause=_no_pause,
-                after_inline_attempt=_keep_test_transaction_usable,
-            )
-    else:
-        result = runner.run(name, "manual", clock=clock, mail_mode=mail, inline=False, pause=_no_pause)
+    with _commit_hooks_of_the_run():
+        result = runner.run(name, "manual", clock=clock, mail_mode=mail, pause=_no_pause)
     return JobResult(job=result.job, outcome=result.outcome, attempts=result.attempts, run_id=result.run_id)
 
 
@@ -113,7 +103,6 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
     A task whose attempt failed is due again only after its backoff, so a second call does not retry it at
     once: make it due first (``QueuedTask.objects.filter(...).update(due=timezone.now())``).
     """
-    from django.db import connection
     from django.db.models import Q
     from django.utils import timezone
 
@@ -131,11 +120,8 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
         raise ValueError(f"run_tasks(queue={queue!r}) is not a queue of TASKS[{backend!r}]: use one of its QUEUES.")
     name = task_job_name(backend, queue)
     started = timezone.now()
-    if connection.in_atomic_block:
-        with _commit_hooks_of_the_run():
-            runner.run(name, "manual", clock=timezone.now, inline=True, pause=_no_pause)
-    else:
-        runner.run(name, "manual", clock=timezone.now, inline=False, pause=_no_pause)
+    with _commit_hooks_of_the_run():
+        runner.run(name, "manual", clock=timezone.now, pause=_no_pause)
     taken = QueuedTask.objects.filter(
         Q(last_attempted_at__gte=started) | Q(finished_at__gte=started), backend=backend, queue_name=queue
     )
@@ -152,30 +138,9 @@ def _no_pause(failed_attempt: int) -> float:
     return 0.0
 
 
-def _commit_hooks_of_the_run():
-    """Run, after the job, the on-commit hooks its (savepoint) transactions left in the test's transaction."""
-    return TestCase.captureOnCommitCallbacks(execute=True)
-
-
-def _keep_test_transaction_usable() -> None:
-    """Undo the rollback mark a failed inline attempt left on the caller's (test's) transaction.
-
-    Django marks the enclosing atomic block for rollback when a statement raises, even one the write guard
-    refused before it reached the database. In production each failed statement stands alone; here the
-    caller's transaction stands for "the database", so unless the database itself broke the transaction,
-    it carries on, keeping what the attempt committed before it failed, as a real run would.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.needs_rollback and not _broken(conn):
-            conn.needs_rollback = False
-
-
-def _broken(conn: object) -> bool:
-    """Return whether the database itself aborted the connection's transaction (PostgreSQL's INERROR)."""
-    info = getattr(getattr(conn, "connection", None), "info", None)
-    if info is None or getattr(conn, "vendor", None) != "postgresql":
-        return False
-    # Imported here: psycopg is the postgres extra's, not a dependency of every project.
-    from psycopg.pq import TransactionStatus
-
-    return bool(info.transaction_status == TransactionStatus.INERROR)
+def _commit_hooks_of_the_run() -> AbstractContextManager[object]:
+    """Inside the test's transaction, run after the job the on-commit hooks its (savepoint) transactions left
+    there; outside one, they ran as each of the job's transactions committed."""
+    if connection.in_atomic_block:
+        return TestCase.captureOnCommitCallbacks(execute=True)
+    return nullcontext()

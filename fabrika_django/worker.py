@@ -11,7 +11,7 @@ so nothing a worker missed while away is lost.
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
   a run that starts clears the flag. A job with a live run is left alone: that run sees the flag when it ends
   and runs once more (``_jobstate.end_run``).
-- Lanes (DESIGN §11): a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
+- Lanes: a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
   whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
   free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
@@ -40,13 +40,14 @@ from django.db import connection
 from django.utils import timezone
 
 from . import _db_failure, _jobstate, runner
-from ._handlers import handler_threads
-from ._listen import Backoff, Listener, listen_alias
+from ._handlers import close_quietly, handler_threads
+from ._listen import Backoff, Listener
 from ._process import configure_logging, stop_signals
 from ._sessions import bound_idle_transactions
 from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
+from .models import Outcome, Trigger
 from .ops import _metrics
 
 logger = logging.getLogger(__name__)
@@ -116,16 +117,12 @@ class Worker:
         """Serve until stop() or SIGTERM/SIGINT; return once running attempts ended and leases are free."""
         configure_logging(self.verbosity)
         bound_idle_transactions()  # a frozen worker's transactions end (MariaDB; PostgreSQL's takeover ends them)
-        alias = listen_alias(settings.LISTEN_DATABASE)
-        listener = None
-        if alias is not None:
-            listener = Listener(
-                alias,
-                self._stop,
-                on_kick=self._kicked,
-                on_connect=lambda: self._inbox.put(("scan",)),
-                on_lost=self._connection_lost,
-            )
+        listener = Listener.if_configured(
+            self._stop,
+            on_kick=self._kicked,
+            on_connect=lambda: self._inbox.put(("scan",)),
+            on_lost=self._connection_lost,
+        )
         logger.info(
             "Worker started jobs=%d concurrency=%d wake=%s",
             len(self.jobs),
@@ -178,7 +175,7 @@ class Worker:
             if self._running[name] >= self.jobs[name].lanes or self._busy >= self.concurrency:
                 return
             # The run's start takes the kick rows itself (_jobstate.start_or_join): no round trip before it.
-            self._dispatch(name, "kick")
+            self._dispatch(name, Trigger.KICK)
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -216,7 +213,7 @@ class Worker:
                 _db_failure.server_of(connection.settings_dict), _db_failure.kind_of(exc), type(exc).__name__, pause,
             )  # fmt: skip
             self._connection_lost()
-            _close_quietly()
+            close_quietly()
             self._next_scan = time.monotonic() + pause
             return
         if self._backoff.failures:
@@ -263,7 +260,7 @@ class Worker:
                 request_run(name)  # a fire during this worker's run: the run goes once more
             else:
                 # Owned: dispatched even if the listener took the last slot meanwhile (it waits for one).
-                self._dispatch(name, "schedule")
+                self._dispatch(name, Trigger.SCHEDULE)
         for name, state in states.items():
             if self._stop.is_set():
                 return
@@ -279,10 +276,8 @@ class Worker:
         # while one is free; the start decides which (and whether, when another worker was first).
         if state["orphaned"]:
             self._dispatch(name, _TAKEOVER)
-        elif state["asked"] and state["active"] < lanes:
-            self._dispatch(name, "kick")
-        elif state["pending"] and not state["held"]:
-            self._dispatch(name, "kick")
+        elif (state["asked"] and state["active"] < lanes) or (state["pending"] and not state["held"]):
+            self._dispatch(name, Trigger.KICK)
 
     def _release_orphans(self) -> None:
         """Free the leases of runs the database cut off in this worker, and run those jobs again.
@@ -334,10 +329,10 @@ class Worker:
                 name, trigger = item
                 if epoch != self._epoch:
                     epoch = self._epoch
-                    _close_quietly()
+                    close_quietly()
                 self._inbox.put(("done", name, not self._run_one(name, trigger, holder), holder))
         finally:
-            _close_quietly()
+            close_quietly()
 
     def _run_one(self, name: str, trigger: str, holder: str) -> bool:
         """Run the job; return False when the database failed the run's bookkeeping (it is tried again)."""
@@ -349,18 +344,18 @@ class Worker:
             with _metrics.run_in_progress(name, trigger, holder):
                 result = runner.run(
                     self.jobs[name],
-                    "kick" if trigger == _TAKEOVER else trigger,
+                    Trigger.KICK if trigger == _TAKEOVER else trigger,
                     stop=self._stop,
                     holder=holder,
                     clock=self._clock,
-                    mark_pending=trigger != "kick",
+                    mark_pending=trigger != Trigger.KICK,
                 )
-            if result.outcome == "shutdown":
+            if result.outcome == Outcome.SHUTDOWN:
                 # Stopped before its end: the other workers take it over at once, not after the lease.
                 request_run(name)
         except DatabaseError as exc:
             logger.warning("Run could not start or end job=%s error=%s", name, type(exc).__name__)
-            _close_quietly()
+            close_quietly()
             return False
         except Exception as exc:
             # The class only: an exception's message can quote a value.
@@ -372,6 +367,8 @@ class Worker:
 
     def _shutdown(self, listener: Listener | None) -> None:
         self._stop.set()
+        if listener is not None:
+            listener.wake()
         for _ in self._runners:
             self._work.put(None)
         deadline = time.monotonic() + self.grace
@@ -383,7 +380,7 @@ class Worker:
         if listener is not None:
             listener.join(2.0)
         handler_threads.drain()
-        _close_quietly()
+        close_quietly()
 
     def _release_leases(self) -> None:
         """Free the leases of runs that did not end within the grace, and hand their jobs to other workers."""
@@ -399,10 +396,3 @@ class Worker:
 _TICK = timedelta(microseconds=1)
 #: The dispatch of a job whose lease expired with a token: run as a kick that marks the job pending if it loses.
 _TAKEOVER = "takeover"
-
-
-def _close_quietly() -> None:
-    try:
-        connection.close()
-    except Exception:
-        logger.debug("Closing a broken connection failed")

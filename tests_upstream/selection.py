@@ -73,11 +73,6 @@ DESELECTED: dict[str, str | tuple[str, set[str]]] = {
             "test_negative_age",
         )
     },
-    "DatabaseWorkerProcessTestCase.test_interrupt_no_tasks": (
-        "timing, on PostgreSQL: it allows 0.5 s from SIGTERM to the idle worker's exit, and fabrika's worker joins its "
-        "LISTEN thread, which looks at the stop flag every 0.5 s (exit took 0.31-0.62 s here; it failed 2 runs in 13)",
-        {"postgresql"},
-    ),
     "DatabaseWorkerProcessTestCase.test_interrupt_signals": (
         "timing: it needs the worker to exit within 2 s of a signal sent 1 s after its start, while a 2-second task "
         "runs, so its margin is 1 s minus the worker's start to the task's (Django's start and the first poll: "

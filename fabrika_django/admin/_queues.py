@@ -15,9 +15,8 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .._claimers import kick_claimers
 from .._queuestate import STATES, row_state_at, state_q
-from ..exceptions import VersionConflict
+from .._requeue import RunningTasks, requeue_rows
 from ._display import moment, relative
 
 _relative = relative  # the name the jobs page and the overview import
@@ -26,6 +25,17 @@ _relative = relative  # the name the jobs page and the overview import
 _READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
 _REQUEUED = [{"changed": {"fields": ["due", "attempts"]}}]  # the admin history's entry of a requeue
 _COLUMNS = ("queue_state", "attempts", "queue_due", "last_failure")
+# The version column's smallest range (PostgreSQL's integer) bounds what a row's page can have shown.
+_VERSION_MAX = 2_147_483_647
+_BAD_VERSION = _("The page's version of this row is not a whole number: reload the page and try again.")
+
+
+def _version(text: str) -> int | None:
+    """The version a row's page posted, or None for text no page shows (not ASCII digits, or past the column)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(_VERSION_MAX))):
+        return None
+    value = int(text)
+    return value if value <= _VERSION_MAX else None
 
 
 def _flat(lines: Any) -> list[str]:
@@ -126,48 +136,41 @@ class QueueModelAdminMixin(_AdminBase):
     @admin.action(description=_("Requeue selected"), permissions=["change"])
     def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
         """Make each selected waiting or dead row due now with no attempts; leave done rows and changed rows."""
-        requeued, conflicted, skipped = 0, [], 0
-        for row in queryset.order_by("pk"):
-            if row.due is None:
-                skipped += 1  # a done row's work is finished: requeueing it would do it twice
-                continue
-            try:
-                row.requeue()
-            except VersionConflict:
-                conflicted.append(str(row.pk))
-            else:
-                requeued += 1
-                self.log_change(request, row, _REQUEUED)
-        self._report(request, requeued, conflicted, skipped)
+        self._requeue(request, queryset)
 
-    def _report(self, request: HttpRequest, requeued: int, conflicted: list[str], skipped: int) -> None:
+    def _requeue(self, request: HttpRequest, rows: Any) -> None:
+        """Requeue ``rows`` (a queryset, or the one row a page showed) and say what was done."""
+        try:
+            done = requeue_rows(rows, self.model, on_requeued=lambda row: self.log_change(request, row, _REQUEUED))
+        except RunningTasks as refused:
+            self.message_user(request, str(refused), messages.ERROR)
+            return
         opts = self.model._meta
+        requeued = len(done.requeued)
         message = ngettext("Requeued %(count)d %(name)s.", "Requeued %(count)d %(plural)s.", requeued) % {
             "count": requeued,
             "name": opts.verbose_name,
             "plural": opts.verbose_name_plural,
         }
-        # A requeued row is due now: the jobs that claim this table run within seconds, not at their next fire.
-        kicked = kick_claimers(self.model) if requeued else []
-        if kicked:
-            message += " " + str(_("Kicked %(jobs)s.") % {"jobs": ", ".join(kicked)})
+        if done.kicked:
+            message += " " + str(_("Kicked %(jobs)s.") % {"jobs": ", ".join(done.kicked)})
         self.message_user(request, message, messages.SUCCESS if requeued else messages.INFO)
-        if conflicted:
+        if done.conflicted:
             self.message_user(
                 request,
                 _("Changed since they were read, so left as they are: %(ids)s. Reload the list and try again.")
-                % {"ids": ", ".join(conflicted)},
+                % {"ids": ", ".join(done.conflicted)},
                 messages.WARNING,
             )
-        if skipped:
+        if done.skipped_done:
             self.message_user(
                 request,
                 ngettext(
                     "Skipped %(count)d done row: its work is finished.",
                     "Skipped %(count)d done rows: their work is finished.",
-                    skipped,
+                    done.skipped_done,
                 )
-                % {"count": skipped},
+                % {"count": done.skipped_done},
                 messages.INFO,
             )
 
@@ -191,21 +194,19 @@ class QueueModelAdminMixin(_AdminBase):
             raise PermissionDenied
         opts = self.model._meta
         page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[quote(row.pk)])
-        if row.due is None:
+        if row.due is None:  # the button's own word for the rule that skips done rows
             self.message_user(
                 request, _("This row is done: its work is finished, so it was not requeued."), messages.WARNING
             )
             return HttpResponseRedirect(page)
         shown = request.POST.get("version", "")
-        if shown.isdigit():
-            row.version = int(shown)  # the version the person saw: a change since then is a conflict
-        try:
-            row.requeue()
-        except VersionConflict:
-            self._report(request, 0, [str(row.pk)], 0)
-        else:
-            self.log_change(request, row, _REQUEUED)
-            self._report(request, 1, [], 0)
+        if shown:
+            version = _version(shown)
+            if version is None:
+                self.message_user(request, _BAD_VERSION, messages.ERROR)
+                return HttpResponseRedirect(page)
+            row.version = version  # the version the person saw: a change since then is a conflict
+        self._requeue(request, [row])
         return HttpResponseRedirect(page)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

@@ -118,10 +118,11 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
 
     @admin.action(description=_("Requeue selected failed tasks"), permissions=["change"])
     def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
-        """Requeue the FAILED tasks among those selected; leave the others as they are."""
-        failed = queryset.filter(status=TaskStatus.FAILED)
+        """Requeue the FAILED tasks among those selected and leave READY and SUCCESSFUL ones; a RUNNING one
+        refuses the whole action, as ``fabrika_job requeue`` does."""
+        failed = queryset.filter(status__in=(TaskStatus.FAILED, TaskStatus.RUNNING))
         others = queryset.count() - failed.count()
-        super().requeue_selected(request, failed)
+        self._requeue(request, failed)
         if others:
             self.message_user(
                 request,
@@ -133,10 +134,11 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
             )
 
     def _requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        # Only a failed task; everything else (POST only, permission first, a missing row) as for any queue row.
+        # Only a failed task (a RUNNING one is refused by the requeue itself); everything else (POST only,
+        # permission first, a missing row) as for any queue row.
         if request.method == "POST" and self.has_change_permission(request):
             row = self.get_object(request, unquote(object_id))
-            if row is not None and row.status != TaskStatus.FAILED:
+            if row is not None and row.status not in (TaskStatus.FAILED, TaskStatus.RUNNING):
                 self.message_user(request, _("Only a failed task can be requeued."), messages.WARNING)
                 opts = self.model._meta
                 page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])

@@ -1,4 +1,4 @@
-"""Lanes (DESIGN §11): one lease per (job, lane), and each attempt's lane.
+"""Lanes (``cron(lanes=N)``): one lease per (job, lane), and each attempt's lane.
 
 The lease table is made anew rather than altered: its primary key moves from the job's name to an id of its
 own, which no backend alters in place cheaply, and its rows are only the state of runs in progress, which

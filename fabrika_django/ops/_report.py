@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .. import _jobstate
+from .._caches import resets_with_settings
 from .._queuestate import not_done_q, q_sql, state_sql
 from .._sql import ops as ops_sql
 from ..jobs import registry
@@ -66,6 +67,7 @@ def count_sql(
     return sql, [moment if index in moving else param for index, param in enumerate(params)]
 
 
+@resets_with_settings
 @functools.lru_cache(maxsize=256)
 def _count_template(
     model: type[models.Model], using: str, cap: int | None, done: bool

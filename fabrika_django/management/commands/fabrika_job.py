@@ -22,8 +22,9 @@ from django.utils import timezone
 
 from fabrika_django import _jobstate, kicks, runner, worker
 from fabrika_django._process import stop_signals
+from fabrika_django._requeue import RunningTasks, requeue_rows
 from fabrika_django._sessions import bound_idle_transactions
-from fabrika_django.exceptions import UnknownJob, VersionConflict
+from fabrika_django.exceptions import UnknownJob
 from fabrika_django.jobs import registry
 from fabrika_django.management import _show
 from fabrika_django.management._show import usage as _usage
@@ -49,22 +50,6 @@ class _Parser(CommandParser):
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
         raise CommandError(f"Error: {message}", returncode=2)
-
-
-def _refuse_running_tasks(queue_model: type[QueueModel], rows: Any) -> None:
-    """A RUNNING task is being run by a worker now (or by one killed, until the job's lease expires and the task is
-    retried): made READY, it would run a second time beside the first."""
-    from fabrika_django.models import QueuedTask, TaskStatus
-
-    if not issubclass(queue_model, QueuedTask):
-        return
-    running = [str(pk) for pk in rows.filter(status=TaskStatus.RUNNING).values_list("pk", flat=True)]
-    if running:
-        raise _usage(
-            f"{queue_model._meta.label} {', '.join(running)} {'is' if len(running) == 1 else 'are'} RUNNING: a "
-            "requeue could run it twice. Wait until it ends (a killed worker's task is retried on its own once the "
-            "job's lease expires); nothing was requeued."
-        )
 
 
 def _whole_number(text: str) -> int | None:
@@ -144,7 +129,7 @@ class Command(BaseCommand):
         kick.add_argument("name", help="the job's name")
 
         requeue = action("requeue", "Make rows of a queue table due now again, with no attempts.")
-        requeue.add_argument("model", metavar="app_label.Model", help="the queue model, e.g. reminders.Reminder")
+        requeue.add_argument("model", metavar="app_label.Model", help="the queue model (see 'status')")
         requeue.add_argument("--dead", action="store_true", help="requeue the dead rows (with --id: those of them)")
         requeue.add_argument("--id", dest="ids", nargs="+", action="extend", metavar="ID", help="requeue these rows")
 
@@ -235,18 +220,7 @@ class Command(BaseCommand):
     # -- requeue -----------------------------------------------------------------------------------
 
     def _handle_requeue(self, *, model: str, dead: bool, ids: list[str] | None, **options: Any) -> None:
-        from fabrika_django._claimers import kick_claimers
-
-        try:
-            queue_model = apps.get_model(model)
-        except (LookupError, ValueError):
-            raise _usage(
-                f"Unknown model {model!r}: give app_label.Model of a queue model, e.g. reminders.Reminder."
-            ) from None
-        if not issubclass(queue_model, QueueModel):
-            raise _usage(
-                f"Model {queue_model._meta.label} is not a queue model: give a model that mixes in QueueModel."
-            )
+        queue_model = _queue_model(model)
         if not dead and not ids:
             raise _usage("Say which rows to requeue: --dead, --id ID ..., or both (the dead rows among those ids).")
         rows = queue_model._default_manager.order_by("pk")
@@ -262,22 +236,22 @@ class Command(BaseCommand):
             rows = rows.filter(pk__in=pks)
         if dead:
             rows = rows.dead()
-        _refuse_running_tasks(queue_model, rows)
-        requeued, conflicts = 0, []
-        for row in rows.iterator(chunk_size=500):
-            try:
-                row.requeue()
-            except VersionConflict:
-                conflicts.append(str(row.pk))
-            else:
-                requeued += 1
-        label = queue_model._meta.label
-        kicked = kick_claimers(queue_model) if requeued else []
-        kicks = f" Kicked {', '.join(kicked)}." if kicked else ""
+        try:
+            done = requeue_rows(rows, queue_model)
+        except RunningTasks as refused:
+            raise _usage(str(refused)) from None
+        label, requeued = queue_model._meta.label, len(done.requeued)
+        kicks = f" Kicked {', '.join(done.kicked)}." if done.kicked else ""
         self.stdout.write(f"Requeued {requeued} row{'' if requeued == 1 else 's'} of {label}.{kicks}")
-        if conflicts:
+        if done.skipped_done:
+            skipped = done.skipped_done
+            self.stdout.write(
+                f"Skipped {skipped} done row{'' if skipped == 1 else 's'}: "
+                f"{'its' if skipped == 1 else 'their'} work is finished."
+            )
+        if done.conflicted:
             raise CommandError(
-                f"{label} {', '.join(conflicts)} changed while being requeued and were left as they are: "
+                f"{label} {', '.join(done.conflicted)} changed while being requeued and were left as they are: "
                 "look at them again, then run the command again.",
                 returncode=1,
             )
@@ -298,6 +272,21 @@ def _serve_metrics(port: int, addr: str) -> None:
             f"Cannot serve metrics on {addr} port {port} ({exc.strerror or type(exc).__name__}): choose another "
             "address or port."
         ) from None
+
+
+def _queue_model(name: str) -> type[QueueModel]:
+    """The queue model ``name`` (app_label.Model) names, or a usage error that lists this project's."""
+    try:
+        model = apps.get_model(name)
+    except (LookupError, ValueError):
+        model = None
+    if model is not None and issubclass(model, QueueModel):
+        return model
+    mine = sorted(m._meta.label for m in apps.get_models() if issubclass(m, QueueModel))
+    choose = f"this project's are {', '.join(mine)}" if mine else "this project has none"
+    if model is None:
+        raise _usage(f"Unknown model {name!r}: give app_label.Model of a queue model ({choose}).")
+    raise _usage(f"Model {model._meta.label} is not a queue model: give a model that mixes in QueueModel ({choose}).")
 
 
 def _to_pk(model: Any, value: str) -> Any:
