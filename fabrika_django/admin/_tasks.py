@@ -36,7 +36,7 @@ class _FunctionFilter(admin.SimpleListFilter):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
 
 
-class _ArrivedByStateFilter(StateListFilter):
+class _OverviewStateFilter(StateListFilter):
     """The queue's state filter, shown only while it filters: the overview's counts link by state.
 
     A task's status already says where it is in Django's words; a second filter of nearly the same choices
@@ -64,7 +64,7 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
 
     # Seven columns fit 1280 px with both sidebars open; when it started and its last attempt are on its page.
     list_display = ("function", "status", "queue_name", "priority", "enqueued", "finished", "tries")
-    list_filter = ("status", "queue_name", _FunctionFilter, "backend", _ArrivedByStateFilter)
+    list_filter = ("status", "queue_name", _FunctionFilter, "backend", _OverviewStateFilter)
     list_per_page = 50
     search_fields = ("=result_id",)
     # No date_hierarchy: on MySQL/MariaDB it needs the server's time zone tables, which many servers lack,
