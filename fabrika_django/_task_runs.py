@@ -113,15 +113,46 @@ def _claim_params(alias: str, queue: str, now: datetime, job: Any) -> dict[str, 
 
 
 def _claimed_rows(run: Any, using: str, found: list[tuple[Any, ...]]) -> list[Any]:
-    """The claimed rows as ``QueuedTask`` instances; the table remembered for requeue kicks; the claim's metric."""
+    """The claimed rows as ``QueuedTask`` instances; the table remembered for requeue kicks; the claim's metric.
+
+    A row whose columns cannot be decoded (JSON nested deeper than Python's decoder follows, written outside
+    ``enqueue()``) is given up alone (``_give_up_undecodable``) and left out: its neighbours run.
+    """
     from .models import QueuedTask
 
     run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
     fields, convert = _claim_fields(using)
     names = [field.attname for field in fields]
-    rows = [QueuedTask.from_db(using, names, convert(values)) for values in found]
-    _metrics.observe_claim(run.job.name, len(rows))
+    rows = []
+    for values in found:
+        try:
+            row = QueuedTask.from_db(using, names, convert(values))
+        except (RecursionError, ValueError):
+            _give_up_undecodable(using, fields, values)
+            continue
+        rows.append(row)
+    _metrics.observe_claim(run.job.name, len(found))
     return rows
+
+
+def _give_up_undecodable(using: str, fields: list[Any], values: tuple[Any, ...]) -> None:
+    """Give up a claimed task row the worker cannot decode: FAILED at once, by its id and claimed version.
+
+    No retry can help (the row is the same on every claim), and it must not stay RUNNING when the run's start
+    statement marked it so. Logged by id and a fixed code; the row's columns are never read into memory.
+    """
+    from .models import TASK_ATTEMPTS_CEILING, QueuedTask, TaskStatus
+
+    by_name = dict(zip((field.attname for field in fields), values, strict=True))
+    with framework_write():
+        QueuedTask.objects.using(using).filter(pk=by_name["id"], version=by_name["version"]).update(
+            status=TaskStatus.FAILED,
+            finished_at=timezone.now(),
+            attempts=TASK_ATTEMPTS_CEILING,
+            last_failure="task_undecodable",
+            version=by_name["version"] + 1,
+        )
+    logger.warning("Task given up task=%s code=task_undecodable", by_name["result_id"])
 
 
 def _claimed_at_start(ctx: Any) -> list[Any] | None:
@@ -137,8 +168,9 @@ def _claimed_at_start(ctx: Any) -> list[Any] | None:
     ctx._claimed_at_start = None  # the first attempt's only: a retry claims afresh
     alias, answered = found
     rows = _claimed_rows(run, alias, [values[:-1] for values in answered])
-    for row, values in zip(rows, answered, strict=True):
-        row._started_now = bool(values[-1])
+    started = {values[0]: bool(values[-1]) for values in answered}  # by id, the answer's first column
+    for row in rows:
+        row._started_now = started[row.pk]
     return rows
 
 
