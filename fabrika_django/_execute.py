@@ -29,9 +29,9 @@ from typing import Any
 from django.db import connection as default_connection
 from django.db import connections
 
-from ._fence import LeaseFence
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
+from ._runs.fence import LeaseFence
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard

@@ -145,14 +145,14 @@ def _quietly(read: Any, *args: Any) -> Any:
 
 
 def _kicked_since(job: str) -> Any:
-    from . import _jobstate  # it imports the models; this module is imported before the app registry is ready
+    from ._runs import reads as run_reads
 
-    return _jobstate.kicked_since(job)
+    return run_reads.kicked_since(job)
 
 
 def _observe_kick_latency(instruments: _Instruments, job: str, holder: str, kicked: Any) -> None:
-    from . import _jobstate  # as above
+    from ._runs import reads as run_reads
 
-    started = _jobstate.first_attempt_started(job, holder, kicked)
+    started = run_reads.first_attempt_started(job, holder, kicked)
     if started is not None:
         instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())

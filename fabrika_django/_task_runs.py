@@ -24,9 +24,10 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _metrics, _prepared
+from . import _metrics
 from ._queuestate import state_sql
 from ._running import active_run, framework_write, is_ctrl_c, outside_run
+from ._sql import prepared
 from ._tasks_compat import (
     Task,
     TaskContext,
@@ -96,7 +97,7 @@ def _claim(alias: str, queue: str, where: Q) -> list[Any]:
         return list(QueuedTask.objects.claim(limit=_BATCH, where=where))
     sql, fixed, _fields, _convert = _claim_sql(using)
     with framework_write():
-        found = _prepared.fetchall(connection, sql, {**fixed, **_claim_params(alias, queue, run.now(), run.job)})
+        found = prepared.fetchall(connection, sql, {**fixed, **_claim_params(alias, queue, run.now(), run.job)})
     return _claimed_rows(run, using, found)
 
 

@@ -19,7 +19,7 @@ from ._running import active_run, framework_write
 from .exceptions import AttemptTimedOut, LeaseLost, UndeclaredKick, WorkerStopping
 
 if TYPE_CHECKING:
-    from ._fence import LeaseFence
+    from ._runs.fence import LeaseFence
     from .jobs import CronJob
 
 logger = logging.getLogger("fabrika_django.jobs")

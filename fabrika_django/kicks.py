@@ -112,15 +112,15 @@ class _Kicked:
 
 def _add(name: str, alias: str) -> None:
     # Imported here: this module is imported with the package (``kick``), before the app registry is ready.
-    from . import _jobstate
+    from ._runs import pending as run_pending
 
-    _jobstate.add_kick(name, using=alias)
+    run_pending.add_kick(name, using=alias)
 
 
 def request_run(name: str, *, using: str | None = None) -> None:
     """Mark the job pending at once (the worker's own requests): a worker, or the active run when it ends,
     runs it once more."""
-    from . import _jobstate
+    from ._runs import pending as run_pending
 
-    marked = _jobstate.mark_pending(name, using=using)
+    marked = run_pending.mark_pending(name, using=using)
     logger.debug("Kick job=%s marked=%d", name, marked)

@@ -17,13 +17,13 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from . import _channel, _metrics
-from . import _prepared as _prepared_sql
 
 # Re-exported: projects and checks know them from here.
 from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from ._queuestate import max_attempts_of as max_attempts_of
 from ._queuestate import state_q, state_sql
 from ._running import active_run, framework_write
+from ._sql import prepared as _prepared_sql
 from .backoff import MAX_ROW_BACKOFF, row_backoff
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
 
@@ -157,8 +157,8 @@ def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
     """Tell the run what its claim said about the backlog; a full claim asks for one more lane (DESIGN §11)."""
     demand = getattr(run.context, "_demand", None)
     if demand is not None and demand.claimed(count, limit):
-        # Imported here: _jobstate imports the models, which import this module.
-        from ._jobstate import ask_for_lane
+        # Imported here: _runs imports the models, which import this module.
+        from ._runs.pending import ask_for_lane
 
         ask_for_lane(run.job.name, run.job.lanes)
 
@@ -166,7 +166,7 @@ def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
 # -- the claim in one statement (PostgreSQL) ----------------------------------------------------------------
 #
 # On PostgreSQL a plain claim (the manager's own rows, no ``where``, the default claim order) is one statement in
-# autocommit, run as a server-side prepared statement (``_prepared``): the locking read, the lease's UPDATE and,
+# autocommit, run as a server-side prepared statement (``_sql.prepared``): the locking read, the lease's UPDATE and,
 # for a run in lanes, the lane ask with its NOTIFY, gated on the claim being full. The long way is four round
 # trips (BEGIN, the read, the UPDATE, COMMIT) and one more for the ask; after each one the lane needs the
 # interpreter lock back, which every lane of the worker shares (bench/lanes.py).
@@ -226,9 +226,9 @@ def _claim_in_one(
         last,
     ]
     if folds_ask:
-        from ._jobstate import _lane_ask
+        from ._runs.pending import lane_ask
 
-        params += [*_lane_ask(using, run.job.name, run.job.lanes)[1], limit, _channel.CHANNEL, run.job.name]
+        params += [*lane_ask(using, run.job.name, run.job.lanes)[1], limit, _channel.CHANNEL, run.job.name]
     with framework_write(), transaction.mark_for_rollback_on_error(using):
         found = _prepared_sql.fetchall(connection, sql, params)
     claimed = [model.from_db(using, names, values) for values in found]
@@ -236,7 +236,7 @@ def _claim_in_one(
         row.due = dues[min(row.attempts - 1, last)]
     _metrics.observe_claim(run.job.name, len(claimed))
     if demand is not None and demand.claimed(len(claimed), limit) and not folds_ask:
-        from ._jobstate import ask_for_lane
+        from ._runs.pending import ask_for_lane
 
         ask_for_lane(run.job.name, run.job.lanes)
     return claimed
@@ -294,10 +294,10 @@ def _one_statement(
         f"FROM picked WHERE claimed.{pk_c} = picked.pk_ RETURNING {returned}, picked.due_, picked.pk_)"
     )
     if with_ask:
-        from ._jobstate import _lane_ask
+        from ._runs.pending import lane_ask
 
         # The ask's UPDATE as ask_for_lane sends it (its WHERE in parentheses), written only for a full claim.
-        ask_sql = _lane_ask(connection.alias, "", 2)[0]
+        ask_sql = lane_ask(connection.alias, "", 2)[0]
         ctes += f", asked AS ({ask_sql} AND (SELECT count(*) FROM picked) >= %s RETURNING pg_notify(%s, %s))"  # noqa: S608
     answer = ", ".join(f"leased.{quote(str(field.column))}" for field in fields)
     sql = f"WITH {ctes} SELECT {answer} FROM leased ORDER BY leased.due_, leased.pk_"  # noqa: S608  quoted names

@@ -24,9 +24,10 @@ from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _prepared
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
+from ._sql import prepared as _prepared
+from ._sql import runs as run_sql
 from ._task_runs import claim_at_start, result_of, serve_queue
 from ._tasks_compat import (
     BaseTaskBackend,
@@ -143,7 +144,7 @@ class FabrikaBackend(BaseTaskBackend):
 def _insert_and_kick(row: Any, job: str) -> None:
     """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
 
-    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``_jobstate.kick_cte``), so an enqueue in
+    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``run_sql.kick_cte``), so an enqueue in
     autocommit is one round trip and one commit, as an INSERT alone. Elsewhere: the row and the kick in one
     transaction (no savepoint inside the caller's).
     """
@@ -179,7 +180,6 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
     ``name`` (the job), ``channel``.
     """
-    from ._jobstate import kick_cte  # imports the models, which this module may not at import
     from .models import QueuedTask
 
     connection = connections[alias]
@@ -194,7 +194,7 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     if not with_kick:
         return insert, fields
     notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
-    return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
+    return f"WITH task AS ({insert}), {run_sql.kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
 
 
 def _handler(alias: str, queue: str) -> Any:

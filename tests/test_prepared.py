@@ -3,7 +3,9 @@
 import pytest
 from django.db import connection, transaction
 
-from fabrika_django import _jobstate, _prepared, runner
+from fabrika_django import runner
+from fabrika_django._runs import start as run_start
+from fabrika_django._sql import prepared as _prepared
 from fabrika_django.kicks import request_run
 from fabrika_django.models import Job, Lease
 
@@ -83,8 +85,8 @@ def test_inside_a_transaction_the_statement_runs_as_it_is(lab_stamp_rows):
 def test_the_start_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was(lab_stamp_rows):
     Job.objects.filter(name="lab_stamp").update(pending_since=None)
     request_run("lab_stamp")
-    start = _jobstate.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
-    attempt = _jobstate._start_on_free_lease(start)
+    start = run_start.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
+    attempt = run_start._start_on_free_lease(start)
     assert attempt is not None
     assert Lease.objects.get(job="lab_stamp").token is not None
     assert not pending()

@@ -1,0 +1,110 @@
+"""The one home of fabrika's hand-written SQL, and the helpers its statements share.
+
+Each module here holds the statements of one concern, each statement a function named for what it does, written
+once per vendor where the vendors differ; the rest of the package calls them by name (as Procrastinate's
+``manager.py`` calls ``queries.sql``) and never writes SQL of its own. A statement names a table through
+``table()``, which asks the app registry, so no module here imports the models (the models import the claim's
+statements).
+
+Two helpers serve every module of the package:
+
+- ``cache`` / ``cache_dict``: the only way a module keeps a cache. Both register their reset on Django's
+  ``setting_changed``, since a statement built once may depend on a setting (``DATABASES``, ``FABRIKA``, a
+  model's options under ``override_settings``). ``tests/test_layout.py`` refuses any other module-level cache.
+- ``Compiled``: a queryset's or condition's SQL compiled once with a stand-in for "now", the time bound afresh
+  on each use (``Compiled.bind``), where compiling each time cost more than running the statement.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from django.apps import apps
+from django.core.signals import setting_changed
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The resets of every cache made here, run on ``setting_changed``.
+_resets: list[Callable[[], None]] = []
+
+#: Stands for "now" while a statement is compiled once (``Compiled``): no real instant is ever this one.
+SAMPLE_NOW = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def cache(maxsize: int = 64) -> Callable[[_F], _F]:
+    """``functools.lru_cache`` whose contents are dropped on ``setting_changed``."""
+
+    def decorate(func: _F) -> _F:
+        cached = functools.lru_cache(maxsize=maxsize)(func)
+        _resets.append(cached.cache_clear)
+        return cached  # type: ignore[return-value]
+
+    return decorate
+
+
+def cache_dict() -> dict[Any, Any]:
+    """A module-level dict cache, emptied on ``setting_changed``."""
+    found: dict[Any, Any] = {}
+    _resets.append(found.clear)
+    return found
+
+
+def _reset_caches(**_kwargs: Any) -> None:
+    for reset in _resets:
+        reset()
+
+
+setting_changed.connect(_reset_caches, dispatch_uid="fabrika_django._sql.reset_caches")
+
+
+def table(connection: Any, model_name: str) -> str:
+    """The quoted table of fabrika's model ``model_name`` (``"Job"``, ``"Lease"``…) on ``connection``."""
+    return str(connection.ops.quote_name(apps.get_model("fabrika_django", model_name)._meta.db_table))
+
+
+def quoted(connection: Any, model: Any, *names: str) -> list[str]:
+    """The model's quoted table name, then the quoted column of each field named (``"pk"`` too)."""
+    opts = model._meta
+    fields: list[Any] = [opts.pk if name == "pk" else opts.get_field(name) for name in names]
+    return [connection.ops.quote_name(opts.db_table), *(connection.ops.quote_name(f.column) for f in fields)]
+
+
+class Compiled:
+    """SQL compiled once with ``SAMPLE_NOW`` among its parameters, bound to a real "now" on each use.
+
+    ``sql`` and ``params`` are what the compiler answered; ``at`` the positions in ``params`` that were the
+    sample (as the database takes it, ``prepare(SAMPLE_NOW)``). ``usable`` is False when the sample was not
+    found exactly once: a statement whose "now" cannot be swapped must be compiled each time.
+    """
+
+    def __init__(self, sql: str, params: list[Any] | tuple[Any, ...], sample: Any) -> None:
+        self.sql = sql
+        self.params = list(params)
+        self.at = [index for index, value in enumerate(self.params) if type(value) is type(sample) and value == sample]
+        self.usable = len(self.at) == 1
+
+    def bind(self, now: Any) -> list[Any]:
+        """The parameters with ``now`` (as the database takes it) in the sample's place."""
+        values = list(self.params)
+        for index in self.at:
+            values[index] = now
+        return values
+
+    def named(self) -> tuple[str, dict[str, Any]]:
+        """The SQL with ``%(now)s`` in the sample's place and ``%(pN)s`` for the rest; the fixed values by name.
+
+        For a statement built of named parameters (``%(name)s``) around this condition.
+        """
+        pieces = self.sql.split("%s")
+        text, fixed = pieces[0], {}
+        for index, value in enumerate(self.params):
+            if index in self.at:
+                text += "%(now)s"
+            else:
+                fixed[f"p{index}"] = value
+                text += f"%(p{index})s"
+            text += pieces[index + 1]
+        return text, fixed
