@@ -8,7 +8,6 @@ within milliseconds on a listening worker. Each (backend alias, queue) is served
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import re
@@ -26,9 +25,11 @@ from django.utils.module_loading import import_string
 
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
+from ._runs.task_claim import claim_at_start
+from ._runs.tasks import result_of, serve_queue
+from ._sql import cache
 from ._sql import prepared as _prepared
-from ._sql import runs as run_sql
-from ._task_runs import claim_at_start, result_of, serve_queue
+from ._sql import tasks as task_sql
 from ._tasks_compat import (
     BaseTaskBackend,
     Task,
@@ -173,7 +174,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
     _note_kick(job, alias)
 
 
-@functools.lru_cache(maxsize=8)
+@cache(maxsize=8)
 def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
 
@@ -185,16 +186,9 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     connection = connections[alias]
     fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(str(field.column)) for field in fields)
-    values = ", ".join(f"%(v{index})s" for index in range(len(fields)))
-    insert = (
-        f"INSERT INTO {quote(QueuedTask._meta.db_table)} ({columns}) VALUES ({values}) "  # noqa: S608  quoted names
-        f"RETURNING {quote(str(QueuedTask._meta.pk.column))}"
-    )
-    if not with_kick:
-        return insert, fields
-    notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
-    return f"WITH task AS ({insert}), {run_sql.kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
+    columns = [quote(str(field.column)) for field in fields]
+    pk = quote(str(QueuedTask._meta.pk.column))
+    return task_sql.insert(connection, columns, pk, with_kick=with_kick), fields
 
 
 def _handler(alias: str, queue: str) -> Any:

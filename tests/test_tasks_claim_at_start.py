@@ -6,8 +6,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fabrika_django import _task_runs, runner
+from fabrika_django import runner
 from fabrika_django._runs import start as run_start
+from fabrika_django._runs import tasks as _task_runs
 from fabrika_django.models import QueuedTask
 from testproject.lab import tasks
 from testproject.lab.models import Mark
