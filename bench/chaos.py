@@ -16,9 +16,10 @@ effects, or from a freeze to the takeover's start), the time to recover after ea
 effect), and dead rows. Targets: 0 lost, 0 doubled, stalls within LEASE_SECONDS + one poll (plus the start
 of a run), exactly one dead row for the one poison row.
 
-It uses its own database, ``fabrika_chaos`` (``--database-url``), whose lab tables it empties, and whose sessions
-commit without waiting for the WAL flush (a restart is a clean shutdown, which flushes). The restarts stop every
-other session of the server: run it where nothing else uses that PostgreSQL (``--restarts 0`` skips them).
+It makes a PostgreSQL cluster of its own on a free port (``bench/_cluster.py``, with Debian's
+``pg_createcluster``; run it as root or as the ``postgres`` user), runs every experiment there and drops the cluster at
+the end: the restarts never touch another server. Its database's sessions commit without waiting for the WAL flush
+(a restart is a clean shutdown, which flushes). ``--experiments kills,poison`` runs some of them.
 """
 
 from __future__ import annotations
@@ -35,9 +36,16 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+from ._cluster import PrivateCluster
 from ._setup import WorkerProcess, create_database, out, setup_django
 
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_chaos"
+#: Run in this process, on one private cluster.
+EXPERIMENTS = ("kills", "cuts", "restart", "freeze", "poison")
+#: Each run in a process of its own, on servers of its own; the module, its arguments.
+SEPARATE = {
+    "failover": ("bench._failover", []),
+    "failover-async": ("bench._failover", ["--asynchronous"]),
+}
 LEASE_SECONDS = 2
 POLL_INTERVAL = 0.25
 ITEM_SECONDS = 0.003  # a row's own work besides its transaction: the 20,000-row drain outlasts 20 kills
@@ -290,23 +298,18 @@ def cuts(lab: Lab, rows: int, count: int) -> dict:
     return _drain_under(lab, "cut every session", rows, count, lambda workers: _cut_sessions() > 0)
 
 
-def _restart_server() -> bool:
-    """A clean restart of the local PostgreSQL cluster (``pg_ctlcluster``); this process reconnects after it."""
+def _restart_server(cluster: PrivateCluster) -> bool:
+    """A clean restart of the bench's own cluster; this process reconnects after it."""
     from django.db import connection
 
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
-        check=True,
-        capture_output=True,
-    )
+    cluster.restart("fast")
     connection.close()  # the old session died with the server: the next query opens a new one
     return True
 
 
-def restarts(lab: Lab, rows: int, count: int) -> dict:
+def restarts(lab: Lab, cluster: PrivateCluster, rows: int, count: int) -> dict:
     return _drain_under(
-        lab, "restart the server", rows, count, lambda workers: _restart_server(), recover_from_end=True
+        lab, "restart the server", rows, count, lambda workers: _restart_server(cluster), recover_from_end=True
     )
 
 
@@ -396,41 +399,75 @@ def _footer(results: list[dict], doubles: int) -> None:
     out("frozen transaction's commit; crashed: attempts recorded 'crashed' (a SIGKILL's are; a cut's should not be)")
 
 
+_ALL = (*EXPERIMENTS, *SEPARATE)
+
+
+def _experiments(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in _ALL]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown experiment {unknown[0] if unknown else value!r}: "
+                                         f"choose from {', '.join(_ALL)}")  # fmt: skip
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=os.environ.get("CHAOS_DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--experiments", type=_experiments, default=list(_ALL),
+                        help=f"comma-separated, of {','.join(_ALL)} (default: all)")  # fmt: skip
     parser.add_argument("--rows", type=int, default=20_000, help="rows of the kill experiment's drain")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--cuts", type=int, default=10)
-    parser.add_argument("--restarts", type=int, default=2, help="server restarts (0: none; needs pg_ctlcluster)")
+    parser.add_argument("--restarts", type=int, default=2, help="server restarts of the restart experiment")
     parser.add_argument("--freezes", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=10.0, help="give up after this long")
     parser.add_argument("--keep-logs", action="store_true", help="keep the workers' logs and print their paths")
     args = parser.parse_args()
-    create_database(args.database_url)
-    _commit_without_flush(args.database_url)
-    setup_django(args.database_url, lab=True)
-    lab = Lab(args.database_url, time.monotonic() + args.minutes * 60)
+    here = [name for name in args.experiments if name in EXPERIMENTS]
+    if here:
+        with PrivateCluster() as cluster:
+            out(f"a private PostgreSQL {cluster.version} cluster on port {cluster.port} (dropped at the end)")
+            _run(args, here, cluster)
+    failed = 0
+    for name in (name for name in args.experiments if name in SEPARATE):
+        module, extra = SEPARATE[name]
+        out(f"--- {name} (its own servers, in a process of its own)")
+        sys.stdout.flush()
+        rows = ["--rows", str(max(300, args.rows // 6)), "--minutes", str(args.minutes)]
+        failed |= subprocess.run(
+            [sys.executable, "-m", module, *rows, *extra], cwd=Path(__file__).parent.parent
+        ).returncode
+    sys.exit(1 if failed else 0)
+
+
+def _run(args: argparse.Namespace, names: list[str], cluster: PrivateCluster) -> None:
+    url = cluster.url("fabrika_chaos")
+    create_database(url)
+    _commit_without_flush(url)
+    setup_django(url, lab=True)
+    lab = Lab(url, time.monotonic() + args.minutes * 60)
     started = time.monotonic()
     results: list[dict] = []
-    experiments = [
-        lambda: kills(lab, args.rows, args.kills),
-        lambda: cuts(lab, max(2_000, args.rows // 4), args.cuts),
-        lambda: restarts(lab, max(2_000, args.rows // 4), args.restarts) if args.restarts else None,
-        lambda: freeze(lab, args.freezes) if args.freezes else None,
-        lambda: poison(lab),
-    ]
+    experiments = {
+        "kills": lambda: kills(lab, args.rows, args.kills),
+        "cuts": lambda: cuts(lab, max(2_000, args.rows // 4), args.cuts),
+        "restart": lambda: restarts(lab, cluster, max(2_000, args.rows // 4), args.restarts),
+        "freeze": lambda: freeze(lab, args.freezes),
+        "poison": lambda: poison(lab),
+    }
     _header()
     try:
-        for experiment in experiments:
-            result = experiment()
-            if result is not None:
-                results.append(result)
-                _line(result)
+        for name in names:
+            result = experiments[name]()
+            results.append(result)
+            _line(result)
     finally:
         lab.end_all()
+        from django.db import connections
+
+        connections.close_all()  # the cluster is dropped next: no session of ours may hold it
         _footer(results, lab.doubles())
-        poisoned = results[-1].get("poison_dead") if results else None
+        poisoned = next((result["poison_dead"] for result in results if "poison_dead" in result), None)
         out(f"poison rows dead (n): {poisoned}; took {time.monotonic() - started:.0f}s")
         for worker in lab.workers:
             if args.keep_logs:

@@ -5,7 +5,10 @@ name, each attachment's name and bytes, and the unsubscribe URL. Error messages 
 address) or a file's name.
 
 An attachment is sent only when ``FABRIKA["FILE_STATE"]`` (if set) says its file is live: a pending or quarantined
-file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved.
+file fails the send with ``file_not_ready``, a rejected one with ``file_rejected``, before anything is reserved;
+a callable that raises fails it with ``file_state_failed`` (its exception's message is never kept), one that answers
+something unhashable with ``file_state_invalid``. A file reached through a symbolic link inside its storage's folder
+is refused (``file_is_link``), as the file sweep never follows one: the link may point anywhere on the machine.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import json
 import mimetypes
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.utils import formataddr, parseaddr
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured, SuspiciousFileOperation, ValidationError
+from django.core.files.storage import FileSystemStorage
 from django.core.mail import EmailMultiAlternatives
 from django.core.validators import validate_email
 from django.db.models.fields.files import FieldFile
@@ -206,6 +211,7 @@ def _read_attachments(attachments: Iterable[FieldFile], limit: int) -> tuple[_At
     total = 0
     for position, file in enumerate(files, start=1):
         try:
+            _refuse_link(position, file)
             total += file.size
         except SuspiciousFileOperation:
             raise _outside(position) from None
@@ -245,6 +251,28 @@ def _outside(position: int) -> EmailDeliveryError:
     )
 
 
+def _refuse_link(position: int, file: FieldFile) -> None:
+    """Refuse a file of a file system storage reached through a symbolic link below the storage's folder."""
+    storage = file.storage
+    if not isinstance(storage, FileSystemStorage):
+        return
+    folder = os.path.abspath(storage.location)
+    path = storage.path(str(file.name))  # SuspiciousFileOperation where the name leaves the folder
+    here = folder
+    for part in os.path.relpath(path, folder).split(os.sep):
+        here = os.path.join(here, part)
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            return  # the size or the read says file_missing
+        if stat.S_ISLNK(mode):
+            raise EmailDeliveryError(
+                f"attachment {position}'s file is a symbolic link inside its storage; nothing was sent: "
+                "store the file itself in the field, then requeue the row.",
+                code="file_is_link",
+            )
+
+
 def _check_file_states(files: list[FieldFile]) -> None:
     """Ask ``FABRIKA["FILE_STATE"]`` about each file; refuse the send unless every one is live."""
     path = settings.FILE_STATE
@@ -252,8 +280,23 @@ def _check_file_states(files: list[FieldFile]) -> None:
         return  # no scanner: every existing file is live
     state_of = import_string(path)
     for position, file in enumerate(files, start=1):
-        state = state_of(file)
-        if state not in _FILE_STATES:
+        try:
+            state = state_of(file)
+        except Exception as error:  # noqa: BLE001 - the scanner's own failure, told by class, never by message
+            raise EmailDeliveryError(
+                f"FABRIKA['FILE_STATE'] raised {type(error).__name__} for attachment {position}; nothing was sent: "
+                "a later attempt asks it again.",
+                code="file_state_failed",
+            ) from None
+        try:
+            known = state in _FILE_STATES
+        except TypeError:  # unhashable: a list, a dict
+            raise EmailDeliveryError(
+                f"FABRIKA['FILE_STATE'] answered a {type(state).__name__} for attachment {position}; nothing was "
+                "sent: return 'live', 'pending', 'quarantined' or 'rejected'.",
+                code="file_state_invalid",
+            ) from None
+        if not known:
             raise ImproperlyConfigured(
                 f"FABRIKA['FILE_STATE'] answered a {type(state).__name__} that is no file state: "
                 "return 'live', 'pending', 'quarantined' or 'rejected'."

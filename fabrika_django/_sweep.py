@@ -8,7 +8,12 @@ Deleting a referenced file is the one thing it must never do, so:
 - A reference is any value of any ``FileField``/``ImageField`` of any installed model, whatever storage the field
   names: a name held anywhere keeps the file of that name, and on a file system so does the file a column of
   another storage points to (a storage inside, or around, the swept one: ``private/x.pdf`` of the default storage
-  is ``x.pdf`` to a storage in ``MEDIA_ROOT/private``). Names are compared exactly as stored.
+  is ``x.pdf`` to a storage in ``MEDIA_ROOT/private``). A value is compared in its storage's normal form too:
+  ``./a.csv``, ``a//b.csv``, ``a/x/../b.csv`` and an absolute path inside the storage's folder open the same file
+  as ``a.csv`` and ``a/b.csv``, so they keep it. A column whose storage is no ``FileSystemStorage`` but answers
+  ``path()`` (a subclass of another storage that writes to disk, ``InMemoryStorage``) is handled as a file system
+  storage at that folder: its names keep the files they would open there (keeping more is never a loss); a
+  storage without ``path()`` (S3 …) has its names compared as stored and in their plain normal form.
 - Candidates go in bounded batches, each checked twice: once when listed, and again in the deleting step, inside
   a transaction that first stops writers of the referencing tables (PostgreSQL: ``LOCK TABLE … IN SHARE MODE
   NOWAIT``, retried while a writer holds them; SQLite: the database's write lock; others: ``SELECT … FOR UPDATE``
@@ -21,6 +26,7 @@ Deleting a referenced file is the one thing it must never do, so:
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 import sys
 import time
@@ -35,7 +41,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections, router, transaction
-from django.db.models import FileField, Model
+from django.db.models import FileField, Model, Q
 
 from ._running import framework_write
 from .conf import settings
@@ -49,6 +55,21 @@ if TYPE_CHECKING:
 BATCH = 500
 _LOCK_TRIES = 50
 _KEYS = ("storages", "older_than_days")
+#: A grace period longer than this is no sweep at all, and past ~2.7 million days the cutoff leaves the calendar.
+MAX_DAYS = 36500
+#: The lookups that find the values not in normal form (``/abs``, ``a//b``, ``./a``, ``a/./b``, ``a/../b``,
+#: ``a/``): listing names never have these, so such a value is compared after it is normalised.
+_ODD_FORMS = (
+    ("startswith", "/"),
+    ("contains", "//"),
+    ("startswith", "./"),
+    ("contains", "/./"),
+    ("startswith", "../"),
+    ("contains", "/../"),
+    ("endswith", "/"),
+    ("endswith", "/."),
+    ("endswith", "/.."),
+)
 
 #: Tests set this to ``f(point, names)``, called at "listed" (a batch found unreferenced, before its deleting
 #: step), "busy" (a writer holds a referencing table) and "locked" (re-checked under the lock, before deleting).
@@ -68,6 +89,8 @@ class _Report:
     skipped: int = 0
     #: Batches left for the next sweep because writers held the tables throughout.
     busy_batches: int = 0
+    #: Folders the worker may not read (their files are left, and so is what they hold).
+    unreadable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{name}={value}" for name, value in vars(self).items())
@@ -86,6 +109,8 @@ class _Reference:
     alias: str
     #: The field's storage's directory on this machine (resolved), or None for a storage not on a file system.
     root: str | None = field(default=None)
+    #: The same directory as the storage gives it (absolute, unresolved): an absolute value may name either.
+    location: str | None = field(default=None)
 
     def names(self, candidates: Iterable[str], swept_root: str | None) -> dict[str, set[str]]:
         """Map each value this column could hold for a candidate to the candidates it would keep.
@@ -113,6 +138,37 @@ class _Reference:
         if swept_root.startswith(self.root.rstrip(os.sep) + os.sep):  # the column's storage is around it
             return "", os.path.relpath(swept_root, self.root).replace(os.sep, "/") + "/"
         return None, ""
+
+    def normal_names(self, value: str, swept_root: str | None) -> set[str]:
+        """The swept storage's names of the file a value not in normal form opens (empty: it opens none there).
+
+        On a file system the value is joined to the storage's folder as ``FileSystemStorage.path()`` joins it;
+        elsewhere it is a key, taken in its plain normal form.
+        """
+        if self.root is None or self.location is None:
+            plain = posixpath.normpath(value)
+            if plain.startswith("/") and swept_root is not None:
+                return _inside(os.path.normpath(plain), swept_root)
+            return set() if plain.startswith("..") else {plain}
+        path = os.path.normpath(os.path.join(self.location, value))
+        for base in (self.location, self.root):
+            relative = _inside(path, base)
+            if relative:
+                break
+        else:
+            return set()
+        names = set(relative)  # a name held anywhere keeps the file of that name
+        if swept_root is not None:
+            names |= _inside(os.path.join(self.root, *next(iter(relative)).split("/")), swept_root)
+        return names
+
+
+def _inside(path: str, folder: str) -> set[str]:
+    """``{path's name relative to folder}`` where the path lies inside it, else empty."""
+    prefix = folder.rstrip(os.sep) + os.sep
+    if not path.startswith(prefix):
+        return set()
+    return {path[len(prefix) :].replace(os.sep, "/")}
 
 
 def configured() -> dict[str, Any] | None:
@@ -210,13 +266,27 @@ def _references(swept_root: str | None) -> list[_Reference]:
                 alias = router.db_for_read(owner)
                 key = (alias, owner._meta.db_table, str(column.column))
                 if key not in references:
-                    references[key] = _Reference(owner, column.attname, key[2], alias, _root(column.storage))
+                    location, root = _column_folder(column.storage)
+                    references[key] = _Reference(owner, column.attname, key[2], alias, root, location)
     return list(references.values())
+
+
+def _column_folder(storage: Storage) -> tuple[str | None, str | None]:
+    """A column's storage's folder (as given, resolved) where its ``path()`` answers one, else (None, None).
+
+    Unlike the swept storage (walked only when it is a ``FileSystemStorage``), any storage that answers ``path()``
+    counts here: taking its names for files of that folder can only keep more.
+    """
+    try:
+        folder = storage.path("")
+    except NotImplementedError:  # Storage.path()'s default: the files are not on this machine
+        return None, None
+    return os.path.abspath(folder), os.path.realpath(folder)
 
 
 def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Report) -> Iterator[str]:
     """Stream the names of the storage's files modified before ``cutoff`` (a timestamp)."""
-    listing = _walk_directory(root) if root is not None else _walk_storage(storage, "")
+    listing = _walk_directory(root, report) if root is not None else _walk_storage(storage, "")
     for name, modified in listing:
         if name is None:
             report.skipped += 1
@@ -229,18 +299,33 @@ def _old_files(storage: Storage, root: str | None, cutoff: float, report: _Repor
         yield name
 
 
-def _walk_directory(root: str) -> Iterator[tuple[str | None, float | None]]:
-    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay."""
+def _walk_directory(root: str, report: _Report) -> Iterator[tuple[str | None, float | None]]:
+    """Walk a directory with ``os.scandir`` (one entry at a time), following no link; hidden names stay.
+
+    A folder the worker may not read is skipped and counted (``report.unreadable``): its files are none of the
+    sweep's business until an operator lets it read them, and its path never reaches a log.
+    """
     pending = [""]
     while pending:
         prefix = pending.pop()
-        with os.scandir(os.path.join(root, prefix) if prefix else root) as entries:
+        try:
+            entries = os.scandir(os.path.join(root, prefix) if prefix else root)
+        except PermissionError:
+            report.unreadable += 1
+            continue
+        with entries:
             for entry in entries:
                 name = f"{prefix}{entry.name}"
                 if entry.name.startswith(".") or not _storable(name):
                     yield None, None
                     continue
-                info = entry.stat(follow_symlinks=False)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since it was listed: nothing to sweep
+                    continue
+                except PermissionError:  # a folder listed but not searchable: none of its entries is readable
+                    report.unreadable += 1
+                    break
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(name + "/")
                 elif stat.S_ISREG(info.st_mode):
@@ -292,6 +377,8 @@ def _unreferenced(
             continue
         for value in _values_held(reference, list(wanted), lock=lock):
             held.update(wanted.get(value, ()))
+        for value in _odd_values_held(reference, lock=lock):
+            held.update(reference.normal_names(value, swept_root).intersection(batch))
     if not lock:
         report.referenced += len(held)
     return [name for name in batch if name not in held]
@@ -312,6 +399,17 @@ def _values_held(reference: _Reference, values: list[str], *, lock: bool) -> lis
     if lock and connection.vendor != "sqlite":
         rows = rows.select_for_update()  # where no table lock was taken: hold what the re-check read
     return list(rows.values_list(reference.column, flat=True))
+
+
+def _odd_values_held(reference: _Reference, *, lock: bool) -> set[str]:
+    """The column's values not in normal form (rare, but each one may keep a file of the batch)."""
+    odd = Q()
+    for lookup, text in _ODD_FORMS:
+        odd |= Q(**{f"{reference.column}__{lookup}": text})
+    rows = reference.model._base_manager.using(reference.alias).filter(odd)
+    if lock and connections[reference.alias].vendor not in ("sqlite", "postgresql"):
+        rows = rows.select_for_update()  # as _values_held: where no table lock was taken, hold what was read
+    return set(rows.values_list(reference.column, flat=True))
 
 
 def _delete(
@@ -415,8 +513,8 @@ def check_setting(value: object) -> list[checks.CheckMessage]:
     if unknown:
         return error(f"has unknown key {unknown[0]!r} (it takes 'storages' and 'older_than_days')")
     days = value.get("older_than_days")
-    if not isinstance(days, int) or isinstance(days, bool) or days < 1:
-        return error(f"has older_than_days={days!r}, which is not a whole number of days, 1 or more")
+    if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_DAYS:
+        return error(f"has older_than_days={days!r}, which is not a whole number of days from 1 to {MAX_DAYS}")
     aliases = value.get("storages")
     if not isinstance(aliases, list | tuple) or not aliases or not all(isinstance(a, str) for a in aliases):
         return error("has no list of storage aliases under 'storages'")
@@ -517,7 +615,7 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             out.stdout.write(f"{storage}: {name if name.isprintable() else ascii(name)}")
 
         report = sweep(config, dry_run=True, on_orphan=show)
-        counts = kept.format(days=config["older_than_days"], **vars(report))
+        counts = kept.format(days=config["older_than_days"], **vars(report)) + _unreadable(report)
         out.stdout.write(f"Would delete {report.deleted} files ({counts}); deleted nothing.")
         return
     from . import runner
@@ -534,8 +632,14 @@ def command(out: Any, *, dry_run: bool, **options: Any) -> None:
             returncode=1,
         )
     else:
-        counts = kept.format(days=config["older_than_days"], **vars(done))
+        counts = kept.format(days=config["older_than_days"], **vars(done)) + _unreadable(done)
         busy = f"; {done.busy_batches} batches left for the next sweep (writers held the tables)"
         out.stdout.write(
             f"Deleted {done.deleted} files ({counts}){busy if done.busy_batches else ''} (run {result.run_id})."
         )
+
+
+def _unreadable(report: _Report) -> str:
+    if not report.unreadable:
+        return ""
+    return f"; {report.unreadable} folders skipped: the worker may not read them"

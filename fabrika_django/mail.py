@@ -61,6 +61,8 @@ _REFUSED = frozenset(
         "attachments_too_large",
         "file_missing",
         "file_rejected",
+        "file_is_link",
+        "file_state_invalid",
         "recipient_refused",
         "sender_refused",
         "message_rejected",

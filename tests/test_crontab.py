@@ -105,3 +105,22 @@ def test_a_line_of_the_crontab_printed_by_manage_py_runs_its_job_from_a_shell():
     assert list(Attempt.objects.filter(job="mark_overdue").values_list("trigger", "outcome")) == [
         ("manual", "succeeded")
     ]
+
+
+def test_crontab_prints_this_python_in_normal_form_when_started_through_a_roundabout_path(tmp_path):
+    python = Path(sys.executable)
+    roundabout = python.parent / ".." / python.parent.name / "." / python.name  # still this virtualenv's python
+    printed = subprocess.run(
+        [str(roundabout), str(ROOT / "manage.py"), "fabrika_job", "crontab"],
+        cwd=tmp_path,
+        env=manage_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    _, entries = _parse(printed.stdout)
+    _, argv, _ = entries["mark_overdue"]
+    # The folder in normal form, the file as it is: the virtualenv's python, not the base interpreter it links to.
+    assert argv[3] == str(python.parent.resolve() / python.name)
+    assert "/../" not in printed.stdout and "/./" not in printed.stdout

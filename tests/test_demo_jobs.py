@@ -146,7 +146,7 @@ def test_the_reminders_page_creates_one_and_moves_it_with_requeue(
     assert "Reminder" in client.get(reverse("reminders:index")).content.decode()
 
 
-DEMO_PAGES = ["outbox:register", "outbox:thanks", "reminders:index", "reports:index"]
+DEMO_PAGES = ["outbox:register", "outbox:thanks", "outbox:resend", "outbox:resent", "reminders:index", "reports:index"]
 
 
 @pytest.mark.parametrize("page", DEMO_PAGES)
@@ -154,6 +154,13 @@ def test_each_demo_page_links_the_shared_stylesheet_served_from_the_app(client, 
     html = client.get(reverse(page)).content.decode()
     assert '<link rel="stylesheet" href="/static/demo/demo.css">' in html
     assert "http://" not in html.split("<body", 1)[0] and "https://" not in html.split("<body", 1)[0]
+
+
+@pytest.mark.parametrize("page", DEMO_PAGES)
+def test_each_demo_page_links_every_other_from_its_bar(client, page):
+    bar = client.get(reverse(page)).content.decode().split('<header class="demo-bar">', 1)[1].split("</header>")[0]
+    for target in ("outbox:register", "reminders:index", "reports:index", "outbox:resend", "admin:index"):
+        assert f'href="{reverse(target)}"' in bar, target
 
 
 def test_the_shared_stylesheet_is_a_static_file():

@@ -16,7 +16,8 @@ def test_the_resend_page_enqueues_the_task_which_copies_the_welcome_mail_into_th
 ):
     welcome = OutboxMailFactory(due=None, message_id="sent-1")
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post("/resend/", {"email": welcome.person.email})
+        response = client.post("/resend/", {"email": welcome.person.email}, follow=True)
+    assert response.redirect_chain == [("/resend/sent/", 302)]
     assert response.status_code == 200 and b"on its way" in response.content
     assert fabrika_kicks == ["tasks.default.emails"]
     [result] = run_tasks(queue="emails")  # inside the test's transaction: the kicks its task commits go out
@@ -30,6 +31,25 @@ def test_the_resend_page_enqueues_the_task_which_copies_the_welcome_mail_into_th
 
 def test_the_resend_page_says_the_same_for_an_unknown_address_and_enqueues_nothing(client):
     PersonFactory(email="known@example.com")
-    response = client.post("/resend/", {"email": "stranger@example.com"})
+    response = client.post("/resend/", {"email": "stranger@example.com"}, follow=True)
+    assert response.redirect_chain == [("/resend/sent/", 302)]  # the same answer: the page tells nobody who exists
     assert response.status_code == 200 and b"on its way" in response.content
+    assert not QueuedTask.objects.exists()
+
+
+def test_reloading_the_resend_confirmation_enqueues_nothing_more(client, django_capture_on_commit_callbacks):
+    welcome = OutboxMailFactory(due=None, message_id="sent-1")
+    with django_capture_on_commit_callbacks(execute=True):
+        sent = client.post("/resend/", {"email": welcome.person.email})
+    assert (sent.status_code, sent["Location"]) == (302, "/resend/sent/")
+    # What the browser's reload does on the page the redirect showed: a GET, with nothing to send again.
+    with django_capture_on_commit_callbacks(execute=True):
+        for _reload in range(2):
+            assert b"on its way" in client.get(sent["Location"]).content
+    assert QueuedTask.objects.count() == 1
+
+
+def test_a_resend_with_a_malformed_address_shows_the_form_again_with_its_error(client):
+    response = client.post("/resend/", {"email": "not an address"})
+    assert response.status_code == 200 and response.context["form"].errors["email"]
     assert not QueuedTask.objects.exists()

@@ -5,6 +5,7 @@ carry (``ctx.mail.capabilities``); and the ledger's pruning after ``MAIL_LEDGER_
 The SMTP cases go through Django's SMTP backend to the real loopback server of tests/smtp.py.
 """
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from fabrika_django import EmailDeliveryError
 from fabrika_django.jobs import registry
-from fabrika_django.models import SentMail
+from fabrika_django.models import Outcome, SentMail
 from fabrika_django.testing import run_job
 from testproject.mailers import mail_settings
 from testproject.outbox.models import OutboxMail, Person
@@ -100,6 +101,33 @@ def test_an_attachment_whose_name_escapes_its_storage_is_refused_without_quoting
     assert not SentMail.objects.exists() and django_mail.outbox == []
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_an_attachment_reached_through_a_link_inside_its_storage_is_refused(media, linked):
+    outside = media.parent / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for mail")
+    row = _row()
+    if linked == "file":
+        os.symlink(outside / "secret.txt", media / "outbox-link.txt")
+        OutboxMail.objects.filter(pk=row.pk).update(attachment="outbox-link.txt")
+    else:
+        os.symlink(outside, media / "shared")
+        OutboxMail.objects.filter(pk=row.pk).update(attachment="shared/secret.txt")
+    row.refresh_from_db()
+    with row.attachment.open("rb") as opened:  # the premise: the field opens the file outside
+        assert opened.read() == b"not for mail"
+    with pytest.raises(EmailDeliveryError) as refused:
+        _mailer(mode="locmem").send(**_message(attachments=[row.attachment]))
+    assert (refused.value.code, refused.value.outcome) == ("file_is_link", "not_sent")
+    assert str(refused.value) == (
+        "attachment 1's file is a symbolic link inside its storage; nothing was sent: "
+        "store the file itself in the field, then requeue the row."
+    )
+    assert _mailer(mode="none").may_retry(refused.value) is False
+    assert not SentMail.objects.exists() and django_mail.outbox == []
+
+
 # --- FILE_STATE ---------------------------------------------------------------------------------------------------
 
 
@@ -146,6 +174,49 @@ def test_a_file_state_that_answers_no_state_is_a_configuration_error_naming_the_
         "return 'live', 'pending', 'quarantined' or 'rejected'."
     )
     assert not SentMail.objects.exists()
+
+
+def raising_file_state(field_file):
+    raise RuntimeError("scanner down for ada@example.org")
+
+
+def unhashable_file_state(field_file):
+    return ["live"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("callable_name", "code", "text", "may"),
+    [
+        (
+            "raising_file_state",
+            "file_state_failed",
+            "FABRIKA['FILE_STATE'] raised RuntimeError for attachment 1; nothing was sent: a later attempt asks it "
+            "again.",
+            True,
+        ),
+        (
+            "unhashable_file_state",
+            "file_state_invalid",
+            "FABRIKA['FILE_STATE'] answered a list for attachment 1; nothing was sent: return 'live', 'pending', "
+            "'quarantined' or 'rejected'.",
+            False,
+        ),
+    ],
+)
+def test_a_file_state_that_raises_or_answers_something_unhashable_is_a_delivery_error(
+    media, settings, callable_name, code, text, may
+):
+    settings.FABRIKA = dict(settings.FABRIKA, FILE_STATE=f"{__name__}.{callable_name}")
+    row = _row()
+    with pytest.raises(EmailDeliveryError) as refused:
+        _mailer(mode="locmem").send(**_message(attachments=[row.attachment]))
+    assert (refused.value.code, refused.value.outcome, str(refused.value)) == (code, "not_sent", text)
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    assert "ada@example.org" not in str(refused.value)
+    assert _mailer(mode="none").may_retry(refused.value) is may
+    assert code in Outcome.values
+    assert not SentMail.objects.exists() and django_mail.outbox == []
 
 
 def test_the_file_codes_are_outcomes_and_only_file_not_ready_may_retry():

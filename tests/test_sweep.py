@@ -119,7 +119,9 @@ def test_the_sweep_deletes_old_orphans_only(media, tmp_path, caplog):
     assert (tmp_path / "secret.txt").exists()
     # The log counts files and never names one.
     [line] = [r.getMessage().split(" ", 3)[3] for r in caplog.records if "Swept files" in r.getMessage()]
-    assert line == ("Swept files deleted=2 referenced=5 recent=1 kept_on_recheck=0 skipped=3 busy_batches=0")
+    assert line == (
+        "Swept files deleted=2 referenced=5 recent=1 kept_on_recheck=0 skipped=3 busy_batches=0 unreadable=0"
+    )
     for record in caplog.records:
         assert "orphan" not in record.getMessage() and "outbox" not in record.getMessage()
 
@@ -302,7 +304,8 @@ def test_a_writer_that_starts_during_the_deleting_step_waits_for_it(media, monke
     ("value", "problem"),
     [
         ("default", "is a str, not a dict"),
-        ({"storages": ["default"]}, "has older_than_days=None, which is not a whole number of days, 1 or more"),
+        ({"storages": ["default"]}, "has older_than_days=None, which is not a whole number of days from 1 to 36500"),
+        ({"storages": ["default"], "older_than_days": 10**6}, "has older_than_days=1000000, which is not a whole"),
         ({"storages": ["default"], "older_than_days": 0}, "has older_than_days=0, which is not"),
         ({"storages": ["default"], "older_than_days": True}, "has older_than_days=True, which is not"),
         ({"storages": [], "older_than_days": 7}, "has no list of storage aliases under 'storages'"),

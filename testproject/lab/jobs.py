@@ -117,8 +117,13 @@ POISON = 999_999
 
 @cron(None, retries=3, timeout=timedelta(minutes=10))
 def lab_chaos(ctx):
-    """Claims Item rows and makes one Effect per row with its finish (bench/chaos.py); a poison row raises."""
+    """Claims Item rows and makes one Effect per row with its finish (bench/chaos.py); a poison row raises.
+
+    With LAB_ACK_LOG, each row whose transaction this process saw commit is appended to that file: the outside
+    world's view, which a failover to a standby that lacks the commit would contradict.
+    """
     pause = float(os.environ.get("LAB_ITEM_SECONDS", "0"))
+    acks = os.environ.get("LAB_ACK_LOG")
     while rows := Item.objects.claim(limit=50):
         for row in rows:
             with ctx.row(row, step="effect"):
@@ -128,6 +133,9 @@ def lab_chaos(ctx):
                 with ctx.transaction():
                     Effect.objects.create(item=row.pk, pid=os.getpid())
                     row.finish()
+                if acks:
+                    with open(acks, "a") as log:
+                        log.write(f"{row.pk}\n")
             if pause:
                 time.sleep(pause)
 

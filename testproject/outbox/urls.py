@@ -8,4 +8,5 @@ urlpatterns = [
     path("thanks/", views.thanks, name="thanks"),
     path("unsubscribe/", views.unsubscribe, name="unsubscribe"),
     path("resend/", views.resend_welcome, name="resend"),
+    path("resend/sent/", views.resent, name="resent"),
 ]

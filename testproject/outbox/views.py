@@ -40,8 +40,13 @@ def resend_welcome(request):
         if person is not None:
             with transaction.atomic():
                 resend_welcome.enqueue(person.pk)  # a row in this transaction; its job is kicked on commit
-        return render(request, "outbox/resent.html")
+        # Post/Redirect/Get: reloading the confirmation asks for the page again, it does not send the mail again.
+        return redirect("outbox:resent")
     return render(request, "outbox/resend.html", {"form": form})
+
+
+def resent(request):
+    return render(request, "outbox/resent.html")
 
 
 # RFC 8058: a mailbox unsubscribes with a POST that carries no CSRF token; the signed token is the authority.

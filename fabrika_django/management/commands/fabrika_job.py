@@ -214,7 +214,8 @@ class Command(BaseCommand):
 
     def _handle_crontab(self, *, manage_py: str | None, **options: Any) -> None:
         script = _manage_py(manage_py)
-        prefix = f"cd {shlex.quote(str(script.parent))} && {shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+        python = shlex.quote(str(_this_python()))
+        prefix = f"cd {shlex.quote(str(script.parent))} && {python} {shlex.quote(str(script))}"
         self.stdout.write("CRON_TZ=UTC")
         for job in registry:
             if job.schedule is not None:
@@ -348,6 +349,14 @@ def _serve_metrics(port: int) -> None:
         raise _usage(
             f"Cannot serve metrics on port {port} ({exc.strerror or type(exc).__name__}): choose another port."
         ) from None
+
+
+def _this_python() -> Path:
+    """Return this interpreter's path in normal form (``sys.executable`` keeps the ``..`` it was started with)."""
+    # The folder is resolved, not the file: a virtualenv's python is a symlink to the base interpreter, and the
+    # base interpreter would run the job without the virtualenv's packages.
+    executable = Path(sys.executable)
+    return executable.parent.resolve() / executable.name
 
 
 def _manage_py(given: str | None) -> Path:
