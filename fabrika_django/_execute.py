@@ -32,6 +32,7 @@ from django.db import connections
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
 from ._runs.fence import LeaseFence
+from ._sql import fence as fence_sql
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard
@@ -148,10 +149,10 @@ def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:
             if conn.vendor == "postgresql":
                 pid = raw.info.backend_pid
                 with default_connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                    cursor.execute(fence_sql.TERMINATE_BACKEND, [pid])
             elif conn.vendor == "mysql":
                 with default_connection.cursor() as cursor:
-                    cursor.execute("KILL CONNECTION %s", [raw.thread_id()])  # MariaDB/MySQL: ends it, rolls back
+                    cursor.execute(fence_sql.KILL_CONNECTION, [raw.thread_id()])
             elif conn.vendor == "sqlite":
                 raw.interrupt()
         except Exception:

@@ -34,7 +34,7 @@ def is_ctrl_c(exc: BaseException) -> bool:
 
 
 #: Jobs whose first claim rides in the start of a kicked run (PostgreSQL's one-statement start,
-#: ``run_sql.free_lease_start``), by name: a function of (connection, now, job) answering the claim's WITH
+#: ``_sql.runs.free_lease_start``), by name: a function of (connection, now, job) answering the claim's WITH
 #: items (gated on ``taken``, the lease the start took), the tail of the statement's answer (its columns,
 #: ``FROM recorded, taken`` and the claim's joins and order) and its parameters. The tasks' queue jobs register
 #: theirs (``_runs.task_claim.claim_at_start``).

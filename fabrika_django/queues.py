@@ -183,14 +183,25 @@ def _is_plain(rows: QueueQuerySet[Any]) -> bool:
     annotation, an ordering, ``defer``, ``select_related``, ``distinct`` or ``extra`` each set one), and the
     claim must not be overridden in the state filter it reads through (``due_now``).
     """
+    if type(rows).due_now is not QueueQuerySet.due_now or type(rows)._claim_query is not QueueQuerySet._claim_query:
+        return False
+    return _unchanged_since_the_manager(rows)
+
+
+def _unchanged_since_the_manager(rows: QueueQuerySet[Any]) -> bool:
+    """Whether the queryset is exactly its model's manager's own: no filter, ordering, annotation or other change.
+
+    The one use of Django's internals in the claim. Django has no public way to ask whether a queryset was
+    changed, so this compares the queryset's private state and its ``Query``'s attributes with a fresh one's.
+    A Django release that changes them would make every claim take the compiled-each-time path (or, worse,
+    cache a changed one): tests/test_django_seams.py fails then, on each Django the suite runs (5.2 and 6.x).
+    """
     state: Any = rows  # QuerySet's private attributes, which the stubs leave out
     if (
         state._iterable_class is not models.query.ModelIterable
         or state._fields
         or state._prefetch_related_lookups
         or state._deferred_filter is not None
-        or type(rows).due_now is not QueueQuerySet.due_now
-        or type(rows)._claim_query is not QueueQuerySet._claim_query
     ):
         return False
     model = rows.model

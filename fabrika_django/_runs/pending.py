@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from .._channel import CHANNEL
 from .._running import framework_write
-from .._sql import prepared
+from .._sql import cache_dict, prepared
 from .._sql import runs as run_sql
 from ..models import Job, KickRequest, Lease
 
@@ -161,7 +161,7 @@ def ask_for_lane(name: str, lanes: int) -> bool:
 
 # ask_for_lane's UPDATE by (database alias, job, lanes), compiled by the ORM once: every full claim of a run in
 # lanes sends it, and compiling it again each time cost more of the worker's Python than the claim's own SQL.
-_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = {}
+_LANE_ASKS: dict[tuple[str, str, int], tuple[str, tuple[Any, ...]]] = cache_dict()
 
 
 def lane_ask(alias: str, name: str, lanes: int) -> tuple[str, tuple[Any, ...]]:

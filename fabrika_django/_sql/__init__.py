@@ -18,6 +18,7 @@ Two helpers serve every module of the package:
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -45,9 +46,10 @@ def cache(maxsize: int = 64) -> Callable[[_F], _F]:
     return decorate
 
 
-def cache_dict() -> dict[Any, Any]:
-    """A module-level dict cache, emptied on ``setting_changed``."""
-    found: dict[Any, Any] = {}
+def cache_dict(*, weak: bool = False) -> Any:
+    """A module-level dict cache, emptied on ``setting_changed`` (``weak``: a ``WeakKeyDictionary``, for a cache
+    keyed by objects that come and go, such as connections)."""
+    found: Any = weakref.WeakKeyDictionary() if weak else {}
     _resets.append(found.clear)
     return found
 

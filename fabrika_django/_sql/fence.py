@@ -78,3 +78,10 @@ def renew_by_primary_key(connection: Any) -> str:
         f"UPDATE {table(connection, 'Lease')} FORCE INDEX (PRIMARY) "  # noqa: S608  quoted name
         "SET expires = CURRENT_TIMESTAMP(6) + INTERVAL %s MICROSECOND WHERE id = %s AND token = %s"
     )
+
+
+#: PostgreSQL: end a stale attempt's session (a handler that ignored its abort), which rolls back what it held.
+#: Parameter: the session's backend pid.
+TERMINATE_BACKEND = "SELECT pg_terminate_backend(%s)"
+#: MariaDB/MySQL: the same, by the connection's thread id.
+KILL_CONNECTION = "KILL CONNECTION %s"
