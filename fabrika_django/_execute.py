@@ -32,6 +32,7 @@ from django.db import connections
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
 from ._runs.fence import LeaseFence
+from ._runs.rows import valid_until
 from ._sql import fence as fence_sql
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
@@ -44,8 +45,6 @@ logger = logging.getLogger("fabrika_django.runner")
 _ABORT_GRACE_SECONDS = 2.0
 # Renew when a third of the lease is used, so two renewals can fail before it expires.
 _RENEW_FRACTION = 3
-# The local view of the lease ends this much before the database's, against clock drift and latency.
-LEASE_MARGIN_SECONDS = 1.0
 
 
 @dataclass
@@ -56,11 +55,6 @@ class _Box:
     returned: bool = False
     aborted_before_return: bool = False
     connections: list[Any] = field(default_factory=list)
-
-
-def valid_until(sent: float, seconds: float) -> float:
-    """Return the monotonic time up to which a lease granted for ``seconds`` at ``sent`` is surely ours."""
-    return sent + seconds - min(LEASE_MARGIN_SECONDS, seconds / 4)
 
 
 def execute(

@@ -22,12 +22,13 @@ from django.db import connection as default_connection
 from django.utils import timezone
 
 from . import _metrics
-from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
+from ._execute import execute
 from ._running import LaneDemand
 from ._runs import lease as run_lease
 from ._runs import rows as run_rows
 from ._runs import start as run_start
 from ._runs.fence import LeaseFence
+from ._runs.rows import inline_lease_seconds, lease_seconds, valid_until
 from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
@@ -110,7 +111,7 @@ def run(
         job = registry.get(job)
     if inline is None:
         inline = default_connection.in_atomic_block
-    seconds = _lease_seconds(job)
+    seconds = lease_seconds(job)
     start = run_start.Start(
         job=job.name,
         trigger=trigger,
@@ -158,10 +159,6 @@ def _default_pause(failed_attempt: int) -> float:
     return retry_pause(failed_attempt).total_seconds()
 
 
-def _lease_seconds(job: CronJob) -> float:
-    return max(1.0, min(float(settings.LEASE_SECONDS), job.timeout.total_seconds()))
-
-
 def _run_attempts(
     job: CronJob,
     held: _Held,
@@ -187,17 +184,17 @@ def _run_attempts(
         _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
         if outcome == "succeeded" or outcome in _STOP_OUTCOMES or number >= last:
             break
-        interrupted = _pause_under_lease(lease, pause(number), _lease_seconds(job), stop)
+        interrupted = _pause_under_lease(lease, pause(number), lease_seconds(job), stop)
         if interrupted is not None:
             outcome = interrupted
             break
         number += 1
         _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
-        if not run_lease.rotate(lease, number, _lease_seconds(job)):
+        if not run_lease.rotate(lease, number, lease_seconds(job)):
             outcome = "lease_lost"
             break
-        held.valid_until = valid_until(sent, _lease_seconds(job))
+        held.valid_until = valid_until(sent, lease_seconds(job))
     logger.info(
         "Run ended job=%s run=%s trigger=%s outcome=%s attempts=%d duration=%.3fs",
         job.name,
@@ -263,7 +260,7 @@ def _attempt(
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout
-        run_lease.renew(lease, timeout + LEASE_MARGIN_SECONDS)
+        run_lease.renew(lease, inline_lease_seconds(job))
     return execute(
         job,
         ctx,
@@ -271,7 +268,7 @@ def _attempt(
         inline=inline,
         stop=stop,
         clock=clock,
-        lease_seconds=_lease_seconds(job),
+        lease_seconds=lease_seconds(job),
         renew=lambda seconds: _renew(lease, seconds),
     )
 

@@ -57,10 +57,6 @@ def lease_active(now: datetime) -> Q:
     return Q(token__isnull=False, expires__gt=now)
 
 
-def expires_in(seconds: float) -> Any:
-    return Now() + Value(timedelta(seconds=seconds))
-
-
 def own_row(lease: Started) -> Any:
     """The lease's row while it is this attempt's (its token), found by its primary key.
 
@@ -69,6 +65,44 @@ def own_row(lease: Started) -> Any:
     changes only ``expires``) would wait for it.
     """
     return Lease.objects.filter(pk=lease.lease_id, token=lease.token)
+
+
+# -- how long a lease is: the one rule -----------------------------------------------------------------------
+#
+# A run's lease is granted for ``lease_seconds(job)`` on the database's clock (``expires_in``, and the same
+# ``now + seconds`` in the one-statement start and MariaDB's renewal, which take those seconds as a parameter).
+# The run's own view of it (``valid_until``) ends a margin earlier on its monotonic clock, measured from before
+# the statement was sent, against clock drift and latency; the fence refuses a commit past it. A run inline in a
+# caller's transaction cannot renew, so it is granted its whole timeout plus the margin at once. A holder frozen
+# inside the Job row's lock is ended after two leases (``frozen_holder_bound``).
+
+#: The local view of the lease ends this much before the database's, against clock drift and latency.
+LEASE_MARGIN_SECONDS = 1.0
+
+
+def lease_seconds(job: Any) -> float:
+    """How long each grant of ``job``'s lease lasts: ``LEASE_SECONDS``, at most its timeout, at least a second."""
+    return max(1.0, min(float(settings.LEASE_SECONDS), job.timeout.total_seconds()))
+
+
+def inline_lease_seconds(job: Any) -> float:
+    """The one grant of a run inline in a caller's transaction, which cannot renew: its timeout and the margin."""
+    return float(job.timeout.total_seconds()) + LEASE_MARGIN_SECONDS
+
+
+def valid_until(sent: float, seconds: float) -> float:
+    """The monotonic time up to which a lease granted for ``seconds`` at ``sent`` is surely ours."""
+    return sent + seconds - min(LEASE_MARGIN_SECONDS, seconds / 4)
+
+
+def expires_in(seconds: float) -> Any:
+    """A lease's ``expires`` granted now for ``seconds``, on the database's clock."""
+    return Now() + Value(timedelta(seconds=seconds))
+
+
+def frozen_holder_bound() -> float:
+    """Seconds after which a session idle inside the Job row's lock is ended: two leases."""
+    return 2 * max(1.0, float(settings.LEASE_SECONDS))
 
 
 def ensure_rows(names: list[str]) -> None:
@@ -108,7 +142,7 @@ def _lock_job_row_bounded(connection: Any, name: str) -> bool:
     its process, should it wake, finds its connection gone and takes the path of a cut connection. Only in a
     transaction of the framework's own (not inside a caller's, such as a TestCase's).
     """
-    bound = str(int(2000 * max(1.0, float(settings.LEASE_SECONDS))))
+    bound = str(int(1000 * frozen_holder_bound()))
     with connection.cursor() as cursor:
         cursor.execute(run_sql.job_lock_bounded(connection), [bound, name])
         return cursor.fetchone() is not None
