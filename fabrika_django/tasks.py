@@ -25,6 +25,7 @@ from django.utils.module_loading import import_string
 
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
+from ._runs.kickmarks import kicked_in_transaction, note_kick
 from ._runs.task_claim import claim_at_start
 from ._runs.tasks import result_of, serve_queue
 from ._sql import cache
@@ -39,7 +40,7 @@ from ._tasks_compat import (
     task_enqueued,
 )
 from .jobs import MAX_TIMEOUT, cron, task_job_name
-from .kicks import _kicked_in_transaction, _note_kick, kick
+from .kicks import kick
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -158,7 +159,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
             row.save(force_insert=True, using=alias)
             kick(job, using=alias)
         return
-    with_kick = not _kicked_in_transaction(job, alias)
+    with_kick = not kicked_in_transaction(job, alias)
     sql, fields = _insert_sql(alias, with_kick)
     params: dict[str, Any] = {
         f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
@@ -171,7 +172,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
         raise DatabaseError(f"The task's row was not inserted into {QueuedTask._meta.db_table}: no row returned.")
     row.pk = answer[0]
     row._state.adding, row._state.db = False, alias
-    _note_kick(job, alias)
+    note_kick(job, alias)
 
 
 @cache(maxsize=8)

@@ -5,7 +5,7 @@ fail when a Django release changes what that function relies on (CI runs them on
   own queryset from a changed one (the claim's read is compiled once only for the former).
 - ``_sql.claim.force_index``: the claim's locking read, as Django compiles it, names its table as
   ``FROM <quoted table>``, where MariaDB's index hint is written.
-- ``kicks._kicked_in_transaction`` (``connection.run_on_commit``): tests/test_tasks.py.
+- ``_runs.kickmarks.kicked_in_transaction`` (``connection.run_on_commit``): tests/test_tasks.py.
 - ``_runs.fence.LeaseFence._begin_with`` (the fence's ``BEGIN`` through psycopg's ``pgconn``): tests/test_fence.py.
 """
 
