@@ -1,4 +1,4 @@
-"""Which jobs claim which queue tables, so that a requeue kicks them (DESIGN §15).
+"""Which jobs claim which queue tables, so that a requeue kicks them.
 
 A requeued row is due at once, but a job runs only when its schedule fires or it is kicked: a kick-only job
 would never see it. So each run remembers the tables it claimed from (one INSERT that ignores a known pair,

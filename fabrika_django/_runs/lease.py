@@ -99,7 +99,7 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
         if not again:
             freed = mine.update(**FREE)
             if freed and outcome in CUT_OFF:
-                # Cut off, and nobody took over: the job must not sit idle with its work left (DESIGN §15).
+                # Cut off, and nobody took over: the job is left pending, so the next worker resumes its work.
                 Job.objects.filter(name=lease.job, pending_since__isnull=True).update(pending_since=Now())
                 notify(lease.job)  # PostgreSQL sends it when this transaction commits
             return False
