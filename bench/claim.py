@@ -38,7 +38,7 @@ PATTERNS = {"per_row": 50, "batch": 500}  # claim limit of each pattern
 TABLE = "lab_item"
 LEASE_TABLE = "fabrika_django_lease"
 FENCED_JOB = "bench_pgbench_fenced"  # the lease row pgbench_fenced's fence statements name
-FENCE_LOCK_CLASS = 0x66616272  # _jobstate.FENCE_LOCK_CLASS (this process does not set Django up)
+FENCE_LOCK_CLASS = 0x66616272  # fence_sql.FENCE_LOCK_CLASS (this process does not set Django up)
 MAX_ATTEMPTS = 10  # lab.Item declares no Queue options
 
 

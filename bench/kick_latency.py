@@ -207,7 +207,7 @@ def _floor_child(kicks: int, idle: float) -> int:
 
     The client commits a row, then runs the kick's statement in autocommit; the listener, on hearing it,
     runs the worker's one-statement start and notes the time, then frees the lease for the next kick.
-    Both statements are prepared, as fabrika prepares them (``fabrika_django._prepared``).
+    Both statements are prepared, as fabrika prepares them (``fabrika_django._sql.prepared``).
     """
     _fresh_database(os.environ["DATABASE_URL"])
     sys.path.insert(0, str(ROOT))
@@ -218,7 +218,7 @@ def _floor_child(kicks: int, idle: float) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from fabrika_django._jobstate import kick_sql as make_kick_sql
+    from fabrika_django._sql.runs import kick as make_kick_sql
     from fabrika_django.kicks import CHANNEL
     from fabrika_django.runner import sync_jobs
 
@@ -267,7 +267,8 @@ def _floor_listener() -> int:
     import psycopg
     from django.db import connection
 
-    from fabrika_django._jobstate import Start, free_lease_start_sql
+    from fabrika_django._runs.start import Start
+    from fabrika_django._sql.runs import free_lease_start as free_lease_start_sql
     from fabrika_django.kicks import CHANNEL
 
     start_sql = free_lease_start_sql(connection, require_pending=True)

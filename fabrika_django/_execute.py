@@ -29,9 +29,11 @@ from typing import Any
 from django.db import connection as default_connection
 from django.db import connections
 
-from ._fence import LeaseFence
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
+from ._runs.fence import LeaseFence
+from ._runs.rows import valid_until
+from ._sql import fence as fence_sql
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard
@@ -43,8 +45,6 @@ logger = logging.getLogger("fabrika_django.runner")
 _ABORT_GRACE_SECONDS = 2.0
 # Renew when a third of the lease is used, so two renewals can fail before it expires.
 _RENEW_FRACTION = 3
-# The local view of the lease ends this much before the database's, against clock drift and latency.
-LEASE_MARGIN_SECONDS = 1.0
 
 
 @dataclass
@@ -55,11 +55,6 @@ class _Box:
     returned: bool = False
     aborted_before_return: bool = False
     connections: list[Any] = field(default_factory=list)
-
-
-def valid_until(sent: float, seconds: float) -> float:
-    """Return the monotonic time up to which a lease granted for ``seconds`` at ``sent`` is surely ours."""
-    return sent + seconds - min(LEASE_MARGIN_SECONDS, seconds / 4)
 
 
 def execute(
@@ -148,10 +143,10 @@ def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:
             if conn.vendor == "postgresql":
                 pid = raw.info.backend_pid
                 with default_connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                    cursor.execute(fence_sql.TERMINATE_BACKEND, [pid])
             elif conn.vendor == "mysql":
                 with default_connection.cursor() as cursor:
-                    cursor.execute("KILL CONNECTION %s", [raw.thread_id()])  # MariaDB/MySQL: ends it, rolls back
+                    cursor.execute(fence_sql.KILL_CONNECTION, [raw.thread_id()])
             elif conn.vendor == "sqlite":
                 raw.interrupt()
         except Exception:

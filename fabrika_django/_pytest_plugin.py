@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from . import kicks, testing
+from . import testing
 from ._handlers import handler_threads
+from ._runs import kickmarks
 from .testing import FixedClock, run_job
 
 
@@ -33,11 +34,11 @@ def fabrika_run_job():
 def fabrika_kicks() -> Iterator[list[str]]:
     """A list of the names of the jobs kicked (after their commit) during the test."""
     recorded: list[str] = []
-    kicks._recorders.append(recorded)
+    kickmarks.recorders.append(recorded)
     try:
         yield recorded
     finally:
-        kicks._recorders.remove(recorded)
+        kickmarks.recorders.remove(recorded)
 
 
 @pytest.fixture

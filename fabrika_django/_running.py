@@ -34,10 +34,10 @@ def is_ctrl_c(exc: BaseException) -> bool:
 
 
 #: Jobs whose first claim rides in the start of a kicked run (PostgreSQL's one-statement start,
-#: ``_jobstate.free_lease_start_sql``), by name: a function of (connection, now, job) answering the claim's WITH
+#: ``_sql.runs.free_lease_start``), by name: a function of (connection, now, job) answering the claim's WITH
 #: items (gated on ``taken``, the lease the start took), the tail of the statement's answer (its columns,
 #: ``FROM recorded, taken`` and the claim's joins and order) and its parameters. The tasks' queue jobs register
-#: theirs (``_task_runs.claim_at_start``).
+#: theirs (``_runs.task_claim.claim_at_start``).
 CLAIMS_AT_START: dict[str, Callable[[Any, datetime, Any], tuple[str, str, dict[str, Any]]]] = {}
 
 

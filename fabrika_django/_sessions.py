@@ -3,7 +3,7 @@
 A holder frozen inside a transaction (SIGSTOP, a long GC pause, a VM paused) keeps its locks for as long as it
 stays frozen: the fence's lock on its lease row inside ``ctx.transaction()``, or a Job row between a run's
 start and end. What that blocks must stay bounded by about a lease. PostgreSQL's takeover ends such sessions
-itself (``_jobstate._end_frozen_fences``, and the Job row's ``idle_in_transaction_session_timeout``). On
+itself (``_runs.fence.end_frozen_fences``, and the Job row's ``idle_in_transaction_session_timeout``). On
 MariaDB the server does it here: every connection of a fabrika process sets ``idle_transaction_timeout`` to two
 leases, so a transaction that sends no statement for that long has its connection closed and its locks freed.
 A live handler never sits that long inside ``ctx.transaction()`` without a statement unless it waits on

@@ -29,6 +29,20 @@ def row_backoff(period: timedelta, attempts_after: int) -> timedelta:
         return MAX_ROW_BACKOFF
 
 
+def row_backoffs(period: timedelta, max_attempts: int) -> list[timedelta]:
+    """``row_backoff`` of a row claimed with 0, 1, ... attempts before, up to its first capped value.
+
+    A claim's SQL picks from this list by the row's attempts before the claim, the last one for any count past
+    it (``LEAST(attempts, len - 1)``): the same backoff, computed here only.
+    """
+    found: list[timedelta] = []
+    for before in range(max(max_attempts, 1)):
+        found.append(row_backoff(period, before + 1))
+        if found[-1] >= MAX_ROW_BACKOFF:
+            break
+    return found
+
+
 def retry_pause(failed_attempt: int) -> timedelta:
     """Return the pause before the attempt that follows failed attempt number ``failed_attempt``."""
     return doubling(RETRY_BASE, failed_attempt, RETRY_MAX)

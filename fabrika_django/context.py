@@ -21,8 +21,8 @@ from .exceptions import AttemptTimedOut, LeaseLost, UndeclaredKick, WorkerStoppi
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from ._fence import LeaseFence
     from ._running import LaneDemand
+    from ._runs.fence import LeaseFence
     from .egress import FetchResponse
     from .jobs import CronJob
     from .mail import Mailer

@@ -227,11 +227,11 @@ def prune_history(ctx: JobContext) -> None:
     """Delete attempt history, queue samples and folded hours older than ``RUN_HISTORY_DAYS``, mail ledger keys
     older than ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in batches."""
     # Both import the models: this module is imported before the app registry is ready.
-    from . import _jobstate
+    from ._runs import reads as run_reads
     from .ops import _history
 
     cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
-    pruned = _in_batches(ctx, lambda: _jobstate.prune_attempts(cutoff, _PRUNE_BATCH))
+    pruned = _in_batches(ctx, lambda: run_reads.prune_attempts(cutoff, _PRUNE_BATCH))
     samples = _in_batches(ctx, lambda: _history.prune_samples(cutoff, _PRUNE_BATCH))
     folds = _in_batches(ctx, lambda: _history.prune_folds(cutoff, _PRUNE_BATCH))
     ctx.log.debug(

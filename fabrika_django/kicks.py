@@ -20,20 +20,17 @@ Outside a transaction (autocommit) the kick is one statement, its own commit, at
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from django.db import DatabaseError, connections, router, transaction
+from django.db import DatabaseError, connections, router
 
 from . import _channel
 from ._running import framework_write
+from ._runs.kickmarks import kicked_in_transaction, note_kick
 
 logger = logging.getLogger(__name__)
 
 #: The LISTEN/NOTIFY channel; versioned so workers of another release never misread a payload.
 CHANNEL = _channel.CHANNEL
-
-#: Lists the test kit appends kicked job names to (fabrika_django.testing's ``fabrika_kicks``).
-_recorders: list[list[str]] = []
 
 
 def kick(name: str, *, using: str | None = None) -> None:
@@ -47,8 +44,8 @@ def kick(name: str, *, using: str | None = None) -> None:
 
     job = registry.get(name)
     alias = _kick_alias(using)
-    if _kicked_in_transaction(job.name, alias):
-        _note_kick(job.name, alias)  # this transaction's kick row is in already: nothing more to write
+    if kicked_in_transaction(job.name, alias):
+        note_kick(job.name, alias)  # this transaction's kick row is in already: nothing more to write
         return
     if connections[alias].in_atomic_block:
         with framework_write():
@@ -61,7 +58,7 @@ def kick(name: str, *, using: str | None = None) -> None:
             # The caller's writes committed; a scheduled job's schedule recovers. The class only, never the message.
             logger.warning("Kick not delivered job=%s error=%s", job.name, type(exc).__name__)
             return
-    _note_kick(job.name, alias)
+    note_kick(job.name, alias)
 
 
 def _kick_alias(using: str | None) -> str:
@@ -71,56 +68,17 @@ def _kick_alias(using: str | None) -> str:
     return using or router.db_for_write(KickRequest)
 
 
-def _kicked_in_transaction(name: str, alias: str) -> bool:
-    """Whether the open transaction of ``alias`` holds a kick of ``name`` already (one row is enough).
-
-    Each kick leaves a marker among the transaction's on-commit callbacks, which Django drops with a
-    savepoint rolled back: a marker found means a kick row that commits with this transaction.
-
-    Read through ``connection.run_on_commit``, which Django does not document: neither 5.2 nor 6.1 offers a
-    documented way to see a transaction's callbacks (or to hear of a savepoint's rollback), and a record of our
-    own could not tell which savepoint dropped its kick row. Each entry holds the callback second on 5.2 and 6.1;
-    tests/test_tasks.py, which CI runs on Django 6 too, fails if that changes.
-    """
-    connection = connections[alias]
-    if not connection.in_atomic_block:
-        return False
-    # Each entry is (savepoint ids, callback, robust) (django-stubs knows an older two-item form).
-    callbacks: list[Any] = list(connection.run_on_commit)
-    return any(isinstance(entry[1], _Kicked) and entry[1].name == name for entry in callbacks)
-
-
-def _note_kick(name: str, alias: str) -> None:
-    """Note a kick written in the current transaction of ``alias`` (``add_kick``, or an insert that holds one)."""
-    if connections[alias].in_atomic_block:
-        transaction.on_commit(_Kicked(name), using=alias)
-    else:
-        _Kicked(name)()
-
-
-class _Kicked:
-    """On commit: the kick of ``name`` went out (the test kit's recorders hear of it). Also the marker that
-    ``_kicked_in_transaction`` looks for."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __call__(self) -> None:
-        for recorder in _recorders:
-            recorder.append(self.name)
-
-
 def _add(name: str, alias: str) -> None:
     # Imported here: this module is imported with the package (``kick``), before the app registry is ready.
-    from . import _jobstate
+    from ._runs import pending as run_pending
 
-    _jobstate.add_kick(name, using=alias)
+    run_pending.add_kick(name, using=alias)
 
 
 def request_run(name: str, *, using: str | None = None) -> None:
     """Mark the job pending at once (the worker's own requests): a worker, or the active run when it ends,
     runs it once more."""
-    from . import _jobstate
+    from ._runs import pending as run_pending
 
-    marked = _jobstate.mark_pending(name, using=using)
+    marked = run_pending.mark_pending(name, using=using)
     logger.debug("Kick job=%s marked=%d", name, marked)

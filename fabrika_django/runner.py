@@ -2,7 +2,7 @@
 
 This module orchestrates: it starts or joins a run, runs attempts one after another with a pause between
 them, records how each ended, and ends the run. The rows of a run (``Job``, ``Lease``, ``Attempt``) are
-written by ``_jobstate``; executing a handler (its thread, the deadline, the abort) is ``_execute``'s.
+written by ``_runs``; executing a handler (its thread, the deadline, the abort) is ``_execute``'s.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from . import _jobstate
-from ._execute import LEASE_MARGIN_SECONDS, execute, valid_until
-from ._fence import LeaseFence
+from ._execute import execute
 from ._running import LaneDemand
+from ._runs import lease as run_lease
+from ._runs import rows as run_rows
+from ._runs import start as run_start
+from ._runs.fence import LeaseFence
+from ._runs.rows import inline_lease_seconds, lease_seconds, valid_until
 from .backoff import retry_pause
 from .conf import settings
 from .context import AbortSignal, JobContext
@@ -68,7 +71,7 @@ class RunResult:
 class _Held:
     """The run's lease, and the monotonic time up to which this process knows it is surely its own."""
 
-    lease: _jobstate.Started
+    lease: run_rows.Started
     valid_until: float
     #: What the run's claims said about the backlog (lanes: a full claim asks for one more lane).
     demand: LaneDemand
@@ -80,7 +83,7 @@ def default_holder() -> str:
 
 def sync_jobs(names: list[str] | None = None) -> None:
     """Make sure every registered job (or those named) has its Job and Lease rows."""
-    _jobstate.ensure_rows(names if names is not None else [job.name for job in registry])
+    run_rows.ensure_rows(names if names is not None else [job.name for job in registry])
 
 
 def run(
@@ -97,7 +100,7 @@ def run(
     """Run ``job`` now in a lane of its own, or mark it pending when it is busy ("coalesced").
 
     A job with ``lanes`` > 1 starts here when none of its lanes is active, or in a free lane a full claim asked
-    for; its run's lease, attempts and history are its lane's (``_jobstate.start_or_join``).
+    for; its run's lease, attempts and history are its lane's (``run_start.start_or_join``).
 
     A run is up to ``1 + retries`` attempts, each under the job's lease, with ``pause(failed_attempt)``
     seconds between them (a short growing pause by default; the test kit's ``run_job`` passes none). When
@@ -110,8 +113,8 @@ def run(
     if isinstance(job, str):
         job = registry.get(job)
     inline = default_connection.in_atomic_block
-    seconds = _lease_seconds(job)
-    start = _jobstate.Start(
+    seconds = lease_seconds(job)
+    start = run_start.Start(
         job=job.name,
         trigger=trigger,
         holder=holder or default_holder(),
@@ -122,7 +125,7 @@ def run(
         now=(clock or timezone.now)(),
     )
     sent = time.monotonic()
-    lease = _jobstate.start_or_join(start)
+    lease = run_start.start_or_join(start)
     if lease is None:
         logger.info("Run coalesced job=%s trigger=%s", job.name, trigger)
         return RunResult(job=job.name, outcome=COALESCED)
@@ -145,7 +148,7 @@ def run(
         stopping = result.outcome in _STOP_OUTCOMES or (stop is not None and stop.is_set())
         sent = time.monotonic()
         backlog = held.demand.last_full
-        if not _jobstate.end_run(held.lease, result.outcome, again=not stopping, seconds=seconds, backlog=backlog):
+        if not run_lease.end_run(held.lease, result.outcome, again=not stopping, seconds=seconds, backlog=backlog):
             # The run this call started speaks for it; a re-run for kicks during it has its own history.
             return first
         # Kicked during the run: one more run under the same lease.
@@ -155,10 +158,6 @@ def run(
 
 def _default_pause(failed_attempt: int) -> float:
     return retry_pause(failed_attempt).total_seconds()
-
-
-def _lease_seconds(job: CronJob) -> float:
-    return max(1.0, min(float(settings.LEASE_SECONDS), job.timeout.total_seconds()))
 
 
 def _run_attempts(
@@ -185,17 +184,17 @@ def _run_attempts(
         _metrics.observe_attempt(job.name, outcome, time.monotonic() - began_attempt)
         if outcome == Outcome.SUCCEEDED or outcome in _STOP_OUTCOMES or number >= last:
             break
-        interrupted = _pause_under_lease(lease, pause(number), _lease_seconds(job), stop)
+        interrupted = _pause_under_lease(lease, pause(number), lease_seconds(job), stop)
         if interrupted is not None:
             outcome = interrupted
             break
         number += 1
         _record_kept_outcomes_quietly()  # the previous attempt's end, if the database was away when it ended
         sent = time.monotonic()
-        if not _jobstate.rotate(lease, number, _lease_seconds(job)):
+        if not run_lease.rotate(lease, number, lease_seconds(job)):
             outcome = Outcome.LEASE_LOST
             break
-        held.valid_until = valid_until(sent, _lease_seconds(job))
+        held.valid_until = valid_until(sent, lease_seconds(job))
     logger.info(
         "Run ended job=%s run=%s trigger=%s outcome=%s attempts=%d duration=%.3fs",
         job.name,
@@ -209,7 +208,7 @@ def _run_attempts(
 
 
 def _pause_under_lease(
-    lease: _jobstate.Started, seconds: float, lease_seconds: float, stop: threading.Event | None
+    lease: run_rows.Started, seconds: float, lease_seconds: float, stop: threading.Event | None
 ) -> str | None:
     """Wait ``seconds`` before the next attempt, renewing the lease so a pause longer than it keeps the job.
 
@@ -261,7 +260,7 @@ def _attempt(
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout
-        _jobstate.renew(lease, timeout + LEASE_MARGIN_SECONDS)
+        run_lease.renew(lease, inline_lease_seconds(job))
     return execute(
         job,
         ctx,
@@ -269,7 +268,7 @@ def _attempt(
         inline=inline,
         stop=stop,
         clock=clock,
-        lease_seconds=_lease_seconds(job),
+        lease_seconds=lease_seconds(job),
         renew=lambda seconds: _renew(lease, seconds),
     )
 
@@ -298,10 +297,10 @@ def _aborted_by_the_database(conn: BaseDatabaseWrapper) -> bool:
     return bool(conn.connection.info.transaction_status == TransactionStatus.INERROR)
 
 
-def _renew(lease: _jobstate.Started, seconds: float) -> bool:
+def _renew(lease: run_rows.Started, seconds: float) -> bool:
     """Extend the lease by ``seconds`` from now (never past the deadline); False if it is no longer ours."""
     try:
-        return _jobstate.renew(lease, seconds)
+        return run_lease.renew(lease, seconds)
     except Exception:  # a dropped connection: the fence's local expiry covers us; try again next time
         logger.warning("Lease renewal failed job=%s run=%s", lease.job, lease.run_id, exc_info=False)
         default_connection.close_if_unusable_or_obsolete()
@@ -315,7 +314,7 @@ def _frames(exc: BaseException) -> str:
     )
 
 
-def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None) -> None:
+def _record(lease: run_rows.Started, outcome: str, error: BaseException | None) -> None:
     fields: dict[str, str] = {}
     if error is not None:
         fields["error_class"] = f"{type(error).__module__}.{type(error).__qualname__}"[:200]
@@ -333,7 +332,7 @@ def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None)
         )
     for retry in (False, True):
         try:
-            _jobstate.end_attempt(lease, outcome, fields)
+            run_lease.end_attempt(lease, outcome, fields)
             return
         except Exception as exc:
             error_class = type(exc).__name__
@@ -349,7 +348,7 @@ def _record(lease: _jobstate.Started, outcome: str, error: BaseException | None)
 
 
 # Attempts whose end could not be written (see _record): (lease, outcome, fields).
-_kept: list[tuple[_jobstate.Started, str, dict[str, str]]] = []
+_kept: list[tuple[run_rows.Started, str, dict[str, str]]] = []
 _kept_lock = threading.Lock()
 
 
@@ -358,7 +357,7 @@ def record_kept_outcomes() -> None:
     with _kept_lock:
         kept = list(_kept)
     for item in kept:
-        _jobstate.end_attempt(*item)
+        run_lease.end_attempt(*item)
         with _kept_lock:
             _kept.remove(item)
 

@@ -8,7 +8,6 @@ within milliseconds on a listening worker. Each (backend alias, queue) is served
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import os
@@ -26,11 +25,15 @@ from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _prepared, _tasks_checks
-from ._caches import resets_with_settings
+from . import _tasks_checks
 from ._channel import CHANNEL
 from ._running import CLAIMS_AT_START
-from ._task_runs import claim_at_start, result_of, serve_queue
+from ._runs.kickmarks import kicked_in_transaction, note_kick
+from ._runs.task_claim import claim_at_start
+from ._runs.tasks import result_of, serve_queue
+from ._sql import cache
+from ._sql import prepared as _prepared
+from ._sql import tasks as task_sql
 from ._tasks_compat import (
     BaseTaskBackend,
     Task,
@@ -40,7 +43,7 @@ from ._tasks_compat import (
     task_enqueued,
 )
 from .jobs import MAX_TIMEOUT, cron, task_job_name
-from .kicks import _kicked_in_transaction, _note_kick, kick
+from .kicks import kick
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -152,7 +155,7 @@ class FabrikaBackend(BaseTaskBackend):
 def _insert_and_kick(row: Any, job: str) -> None:
     """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
 
-    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``_jobstate.kick_cte``), so an enqueue in
+    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``run_sql.kick_cte``), so an enqueue in
     autocommit is one round trip and one commit, as an INSERT alone. Elsewhere: the row and the kick in one
     transaction (no savepoint inside the caller's).
     """
@@ -165,7 +168,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
             row.save(force_insert=True, using=alias)
             kick(job, using=alias)
         return
-    with_kick = not _kicked_in_transaction(job, alias)
+    with_kick = not kicked_in_transaction(job, alias)
     sql, fields = _insert_sql(alias, with_kick)
     params: dict[str, Any] = {
         f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
@@ -178,33 +181,24 @@ def _insert_and_kick(row: Any, job: str) -> None:
         raise DatabaseError(f"The task's row was not inserted into {QueuedTask._meta.db_table}: no row returned.")
     row.pk = answer[0]
     row._state.adding, row._state.db = False, alias
-    _note_kick(job, alias)
+    note_kick(job, alias)
 
 
-@resets_with_settings
-@functools.lru_cache(maxsize=8)
+@cache(maxsize=8)
 def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
 
     With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
     ``name`` (the job), ``channel``.
     """
-    from ._jobstate import kick_cte  # imports the models, which this module may not at import
     from .models import QueuedTask
 
     connection = connections[alias]
     fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(str(field.column)) for field in fields)
-    values = ", ".join(f"%(v{index})s" for index in range(len(fields)))
-    insert = (
-        f"INSERT INTO {quote(QueuedTask._meta.db_table)} ({columns}) VALUES ({values}) "  # noqa: S608  quoted names
-        f"RETURNING {quote(str(QueuedTask._meta.pk.column))}"
-    )
-    if not with_kick:
-        return insert, fields
-    notify = "SELECT task.*, pg_notify(%(channel)s, %(name)s) FROM task"
-    return f"WITH task AS ({insert}), {kick_cte(connection)} {notify}", fields  # noqa: S608  quoted names
+    columns = [quote(str(field.column)) for field in fields]
+    pk = quote(str(QueuedTask._meta.pk.column))
+    return task_sql.insert(connection, columns, pk, with_kick=with_kick), fields
 
 
 def _json_arguments(args: Any, kwargs: Any) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
     from django.utils import timezone
 
     from . import runner
-    from ._task_runs import result_of
+    from ._runs.tasks import result_of
     from ._tasks_compat import task_backends
     from .jobs import task_job_name
     from .models import QueuedTask

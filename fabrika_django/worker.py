@@ -10,7 +10,7 @@ so nothing a worker missed while away is lost.
 - A kick is a row a request inserted (``kicks``); the worker takes it on its poll, which makes it the job's
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
   a run that starts clears the flag. A job with a live run is left alone: that run sees the flag when it ends
-  and runs once more (``_jobstate.end_run``).
+  and runs once more (``run_lease.end_run``).
 - Lanes: a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
   whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
   free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
@@ -39,10 +39,13 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _db_failure, _jobstate, runner
+from . import _db_failure, runner
 from ._handlers import close_quietly, handler_threads
 from ._listen import Backoff, Listener
 from ._process import configure_logging, stop_signals
+from ._runs import lease as run_lease
+from ._runs import pending as run_pending
+from ._runs import reads as run_reads
 from ._sessions import bound_idle_transactions
 from .conf import settings
 from .jobs import CronJob, registry
@@ -108,7 +111,7 @@ class Worker:
         self._backoff = Backoff()
         self._prepared = False
         self._next_scan = 0.0
-        self._states = _jobstate.StateReader(list(self.jobs))
+        self._states = run_reads.StateReader(list(self.jobs))
         self._served = list(self.jobs)
 
     # -- public ----------------------------------------------------------------------------------------
@@ -174,7 +177,7 @@ class Worker:
         with self._slots:
             if self._running[name] >= self.jobs[name].lanes or self._busy >= self.concurrency:
                 return
-            # The run's start takes the kick rows itself (_jobstate.start_or_join): no round trip before it.
+            # The run's start takes the kick rows itself (run_start.start_or_join): no round trip before it.
             self._dispatch(name, Trigger.KICK)
 
     def _handle(self, message: tuple[Any, ...]) -> None:
@@ -228,7 +231,7 @@ class Worker:
         self._prepared = True
 
     def _read_states(self) -> dict[str, dict[str, Any]]:
-        _jobstate.take_kicks(self._served)  # kicks no worker heard (or took yet) become pending flags first
+        run_pending.take_kicks(self._served)  # kicks no worker heard (or took yet) become pending flags first
         return self._states.read()
 
     def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
@@ -241,7 +244,7 @@ class Worker:
             if fire is None or job.schedule.next_after(fire - _TICK) != fire:
                 # A new job, or its schedule changed: its first fire is the next one from now.
                 fresh = job.schedule.next_after(now)
-                _jobstate.take_fire(name, fire, fresh)
+                run_reads.take_fire(name, fire, fresh)
                 state["next_fire"] = fresh
                 continue
             if fire > now:
@@ -252,7 +255,7 @@ class Worker:
             # Exactly one worker moves next_fire from the value it read: that one owns this fire.
             # Fires missed while no worker ran are all behind now: one run makes them up.
             following = job.schedule.next_after(now)
-            if not _jobstate.take_fire(name, fire, following):
+            if not run_reads.take_fire(name, fire, following):
                 continue
             state["next_fire"] = following
             logger.debug("Fire job=%s at=%s", name, fire.isoformat())
@@ -287,7 +290,7 @@ class Worker:
         """
         runner.record_kept_outcomes()  # the real outcomes first: what is still running after them crashed
         for holder, name in list(self._orphans.items()):
-            freed = _jobstate.release(name, holder)
+            freed = run_lease.release(name, holder)
             if freed:
                 logger.info("Released the lease of a run cut off by the database job=%s", name)
                 request_run(name)
@@ -385,7 +388,7 @@ class Worker:
     def _release_leases(self) -> None:
         """Free the leases of runs that did not end within the grace, and hand their jobs to other workers."""
         try:
-            names = _jobstate.release_all(f"{self._holder}:")
+            names = run_lease.release_all(f"{self._holder}:")
             for name in names:
                 request_run(name)
             logger.warning("Released leases of runs that outlived the grace jobs=%s", ",".join(names) or "-")

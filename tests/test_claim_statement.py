@@ -1,4 +1,4 @@
-"""claim() on PostgreSQL as one statement (``queues._claim_in_one``): the locking read, the lease and, for a run in
+"""claim() on PostgreSQL as one statement (``_runs.claim._claim_in_one``): the locking read, the lease and, for a run in
 lanes, the lane ask with its NOTIFY, in autocommit and as a prepared statement. Its rules are claim()'s own; these
 tests drive that statement itself, in autocommit, from several threads at once.
 """

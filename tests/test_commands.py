@@ -14,7 +14,8 @@ from django.core.management import CommandError, call_command
 from django.db.models import F
 from django.utils import timezone
 
-from fabrika_django import _jobstate, worker
+from fabrika_django import worker
+from fabrika_django._runs import reads as run_reads
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
 from fabrika_django.schedule import Schedule
@@ -350,7 +351,7 @@ def test_kick_marks_the_job_pending_once_committed(django_capture_on_commit_call
         code, out, _ = fabrika_job("kick", "send_reminders")
     assert (code, out) == (0, "Kicked send_reminders: a running worker starts it within seconds.\n")
     assert fabrika_kicks == ["send_reminders"]
-    assert _jobstate.job_states(["send_reminders"], timezone.now())["send_reminders"]["pending"] is True
+    assert run_reads.job_states(["send_reminders"], timezone.now())["send_reminders"]["pending"] is True
 
 
 @pytest.mark.django_db

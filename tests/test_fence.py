@@ -97,7 +97,7 @@ def test_a_token_change_waits_for_an_open_fenced_transaction_while_a_renewal_doe
 
     def try_(change):
         def attempt():
-            from fabrika_django._jobstate import Started
+            from fabrika_django._runs.rows import Started
 
             row = Lease.objects.get(job="holder")
             started = Started("holder", row.token, row.run_id, "manual", row.attempt, row.holder, 0, 0, row.pk, 1)
@@ -164,7 +164,7 @@ def test_a_live_lease_is_not_taken_over():
 def _fence_of(job, token):
     import time
 
-    from fabrika_django._fence import LeaseFence
+    from fabrika_django._runs.fence import LeaseFence
     from fabrika_django.context import AbortSignal
 
     lease_id = Lease.objects.get(job=job, lane=0).pk
@@ -244,7 +244,7 @@ class _FencedTransaction:
 
 def _held_lease(token, holder="fenced:1:1"):
     """Give lab_stamp's lane 0 a live lease of ``token``; answer the ``Started`` its run would hold."""
-    from fabrika_django._jobstate import Started
+    from fabrika_django._runs.rows import Started
 
     runner.sync_jobs(["lab_stamp"])
     run_id = uuid.uuid4()
@@ -291,21 +291,21 @@ def _wait_for_waiters(count, pending=()):
 
 
 def _release(started):
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
 
-    return _jobstate.release(started.job, started.holder)
+    return run_lease.release(started.job, started.holder)
 
 
 def _rotate(started):
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
 
-    return _jobstate.rotate(started, 2, 60)
+    return run_lease.rotate(started, 2, 60)
 
 
 def _end_run(started):
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
 
-    _jobstate.end_run(started, "succeeded", again=False, seconds=60)  # frees the lease: answers False
+    run_lease.end_run(started, "succeeded", again=False, seconds=60)  # frees the lease: answers False
     return True
 
 
@@ -370,14 +370,14 @@ def test_a_fenced_transaction_that_begins_while_a_token_change_waits_is_refused_
 
 @pytest.mark.row_locks
 def test_a_fenced_transaction_that_begins_after_a_takeover_committed_is_refused():
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import start as run_start
     from fabrika_django.exceptions import LeaseLost
 
     token = uuid.uuid4()
     started = _held_lease(token)
     Lease.objects.filter(pk=started.lease_id).update(expires=timezone.now() - timedelta(seconds=1))
-    start = _jobstate.Start(job="lab_stamp", trigger="kick", holder="taker:1:1", seconds=60, max_attempt=3)
-    taken = _jobstate.start_or_join(start)
+    start = run_start.Start(job="lab_stamp", trigger="kick", holder="taker:1:1", seconds=60, max_attempt=3)
+    taken = run_start.start_or_join(start)
     assert taken is not None and taken.lease_id == started.lease_id
     with pytest.raises(LeaseLost), transaction.atomic():
         _fence_of("lab_stamp", token).hold(None)
@@ -386,7 +386,7 @@ def test_a_fenced_transaction_that_begins_after_a_takeover_committed_is_refused(
 
 @pytest.mark.row_locks
 def test_a_renewal_does_not_wait_for_an_open_fenced_transaction():
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
 
     token = uuid.uuid4()
     started = _held_lease(token)
@@ -394,7 +394,7 @@ def test_a_renewal_does_not_wait_for_an_open_fenced_transaction():
 
     def renew():
         with failing_lock_waits():
-            return _jobstate.renew(started, 600)
+            return run_lease.renew(started, 600)
 
     try:
         fenced = _FencedTransaction(_fence_of("lab_stamp", token))

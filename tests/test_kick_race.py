@@ -1,6 +1,6 @@
 """PostgreSQL: a kick that commits while a run's one-statement start is under way is still served.
 
-The start (``_jobstate.free_lease_start_sql``) reads with the snapshot its statement took when it began, and a
+The start (``run_sql.free_lease_start``) reads with the snapshot its statement took when it began, and a
 task queue's first claim rides in it (``_running.CLAIMS_AT_START``). A caller whose row and kick commit after
 that snapshot and before the start takes the Job row's lock is invisible to the start's claim; its kick must
 outlive the start (a row the start's snapshot did not see either) so that the run goes once more.
@@ -18,7 +18,8 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from fabrika_django import _jobstate, kick, runner
+from fabrika_django import kick, runner
+from fabrika_django._runs import pending as run_pending
 from fabrika_django.models import Job, QueuedTask
 from testproject.lab import tasks
 from testproject.lab.models import Item
@@ -89,7 +90,7 @@ def _run_with_a_caller_in_the_starts_snapshot(caller, job=JOB):
 def _pending_with_a_deferred_task():
     """A task not due yet, its enqueue's kick taken into the pending flag (which the start then serves)."""
     result = tasks.noop.using(run_after=timezone.now() + timedelta(days=1)).enqueue()
-    assert _jobstate.take_kicks([JOB]) == [JOB]
+    assert run_pending.take_kicks([JOB]) == [JOB]
     return result
 
 
@@ -126,7 +127,7 @@ def test_a_kick_committed_during_a_runs_start_runs_the_queue_row_its_caller_made
     """A queue table's row and ``kick()``: the job claims in its handler, after the start's commit, so its claim
     sees the row whatever the start's snapshot; the rule holds there too (and held before 1961c25)."""
     kick("lab_items")
-    assert _jobstate.take_kicks(["lab_items"]) == ["lab_items"]  # pending: the start serves the flag
+    assert run_pending.take_kicks(["lab_items"]) == ["lab_items"]  # pending: the start serves the flag
     made = []
 
     def request():

@@ -11,7 +11,11 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from fabrika_django import UnknownJob, _jobstate, kick, kicks
+from fabrika_django import UnknownJob, kick, kicks
+from fabrika_django._runs import lease as run_lease
+from fabrika_django._runs import pending as run_pending
+from fabrika_django._runs import reads as run_reads
+from fabrika_django._runs import start as run_start
 from fabrika_django.models import Job, KickRequest
 from testproject.lab.models import Mark
 
@@ -22,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def pending(name="lab_slow"):
     """The job is pending: its flag is up, or a kick row waits for a worker to take it."""
-    return _jobstate.job_states([name], timezone.now())[name]["pending"]
+    return run_reads.job_states([name], timezone.now())[name]["pending"]
 
 
 def kick_rows(name="lab_slow"):
@@ -138,22 +142,22 @@ def test_taking_kicks_sets_the_flag_to_the_first_kick_and_leaves_no_row(lab_slow
     kick("lab_slow")
     first = KickRequest.objects.get().created
     kick("lab_slow")
-    assert _jobstate.take_kicks(["lab_slow", "lab_items"]) == ["lab_slow"]
+    assert run_pending.take_kicks(["lab_slow", "lab_items"]) == ["lab_slow"]
     assert kick_rows() == 0
     assert Job.objects.get(name="lab_slow").pending_since == first
-    assert _jobstate.take_kicks(["lab_slow"]) == []  # nothing left: nothing taken
+    assert run_pending.take_kicks(["lab_slow"]) == []  # nothing left: nothing taken
 
 
 def test_taking_kicks_leaves_other_jobs_kicks(lab_slow_row):
     kick("lab_items")
-    assert _jobstate.take_kicks(["lab_slow"]) == []
+    assert run_pending.take_kicks(["lab_slow"]) == []
     assert kick_rows("lab_items") == 1
 
 
 def test_taking_the_kick_of_a_job_without_a_row_makes_the_row_pending():
     assert not Job.objects.filter(name="lab_slow").exists()
     kick("lab_slow")
-    assert _jobstate.take_kicks(["lab_slow"]) == ["lab_slow"]
+    assert run_pending.take_kicks(["lab_slow"]) == ["lab_slow"]
     assert Job.objects.get(name="lab_slow").pending_since is not None
 
 
@@ -163,7 +167,7 @@ def test_a_failing_kick_outside_a_transaction_never_breaks_the_caller_and_logs_n
     def broken(name, *, using):
         raise DatabaseError("someone@example.com")
 
-    monkeypatch.setattr(_jobstate, "add_kick", broken)
+    monkeypatch.setattr(run_pending, "add_kick", broken)
     with caplog.at_level(logging.DEBUG):
         kick("lab_slow")
     assert "Kick not delivered job=lab_slow error=DatabaseError" in caplog.text
@@ -174,7 +178,7 @@ def test_a_failing_kick_inside_a_transaction_fails_it_as_any_write_would(monkeyp
     def broken(name, *, using):
         raise DatabaseError("broken")
 
-    monkeypatch.setattr(_jobstate, "add_kick", broken)
+    monkeypatch.setattr(run_pending, "add_kick", broken)
     with pytest.raises(DatabaseError), transaction.atomic():
         Mark.objects.create(job="lab_slow", note="row")
         kick("lab_slow")
@@ -245,16 +249,16 @@ def test_a_kick_notifies_listeners_at_its_commit_once_per_transaction_and_a_roll
 
 def test_a_kick_that_finds_no_row_marks_the_row_another_session_made_meanwhile():
     Job.objects.create(name="lab_slow")  # made by a worker's sync between the kick's UPDATE and its insert
-    _jobstate._create_pending("lab_slow", "default")
+    run_pending._create_pending("lab_slow", "default")
     assert pending() is True
 
 
 def _serve_kick(holder):
     """A worker's start for a kick it heard (mark_pending=False): the start takes the job's kick rows itself."""
-    start = _jobstate.Start(
+    start = run_start.Start(
         job="lab_slow", trigger="kick", holder=holder, seconds=30, max_attempt=1, mark_pending=False
     )
-    return _jobstate.start_or_join(start)
+    return run_start.start_or_join(start)
 
 
 def test_the_start_a_kick_asked_for_takes_the_kick_and_runs_for_it(lab_slow_row):
@@ -279,7 +283,7 @@ def test_a_start_for_a_kick_that_finds_the_job_busy_leaves_the_kick_as_its_flag_
     assert kick_rows() == 0
     assert Job.objects.get(name="lab_slow").pending_since == first  # the kick became the flag, not lost
     # The busy run sees it as it ends and runs once more.
-    assert _jobstate.end_run(busy, "succeeded", again=True, seconds=30)
+    assert run_lease.end_run(busy, "succeeded", again=True, seconds=30)
 
 
 def test_a_start_for_no_kick_starts_nothing(lab_slow_row):
@@ -310,7 +314,7 @@ def test_a_kick_a_busy_start_took_is_served_by_exactly_one_run_when_the_busy_run
     runner.sync_jobs(["lab_slow"])
     busy = _serve_kick_after_a_kick("worker-a")
     kick("lab_slow")  # during the run
-    real = _jobstate._start_on_free_lease
+    real = run_start._start_on_free_lease
     went_again = []
 
     def then_the_busy_run_ends(start):
@@ -318,10 +322,10 @@ def test_a_kick_a_busy_start_took_is_served_by_exactly_one_run_when_the_busy_run
         assert started is None  # busy
         # PostgreSQL's statement took the kick into the flag; elsewhere it did nothing, and the row waits.
         assert kick_rows() == (0 if connections["default"].vendor == "postgresql" else 1)
-        went_again.append(_jobstate.end_run(busy, "succeeded", again=again, seconds=30))
+        went_again.append(run_lease.end_run(busy, "succeeded", again=again, seconds=30))
         return None
 
-    monkeypatch.setattr(_jobstate, "_start_on_free_lease", then_the_busy_run_ends)
+    monkeypatch.setattr(run_start, "_start_on_free_lease", then_the_busy_run_ends)
     served = _serve_kick("worker-b")
     monkeypatch.undo()
     assert went_again == [again]
@@ -329,4 +333,4 @@ def test_a_kick_a_busy_start_took_is_served_by_exactly_one_run_when_the_busy_run
     run = busy if again else served
     assert kick_rows() == 0 and not pending()
     # That run ends with nothing left to serve: no spare run.
-    assert _jobstate.end_run(run, "succeeded", again=True, seconds=30) is False
+    assert run_lease.end_run(run, "succeeded", again=True, seconds=30) is False

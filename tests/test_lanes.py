@@ -1,6 +1,6 @@
 """Lanes (DESIGN §11): up to ``lanes`` runs of one job at once, each with a lease, fence and history of its own.
 
-The rules of starting and ending are tested on every backend through ``_jobstate``; the multi-process parts
+The rules of starting and ending are tested on every backend through ``fabrika_django._runs``; the multi-process parts
 (real worker processes draining a table in several lanes, SIGKILL, SIGTERM, a cut connection, a takeover) need
 row locks and SKIP LOCKED, so they run on PostgreSQL and MariaDB (SQLite's single writer serializes lanes).
 """
@@ -15,7 +15,11 @@ from django.core import checks
 from django.db import connection, connections
 from django.utils import timezone
 
-from fabrika_django import _jobstate, cron, kick, runner
+from fabrika_django import cron, kick, runner
+from fabrika_django._runs import lease as run_lease
+from fabrika_django._runs import pending as run_pending
+from fabrika_django._runs import rows as run_rows
+from fabrika_django._runs import start as run_start
 from fabrika_django.checks._jobs import _check_jobs
 from fabrika_django.jobs import CronJob, JobRegistry, registry
 from fabrika_django.models import Attempt, Job, Lease
@@ -68,7 +72,7 @@ def test_system_check_e004_reports_lanes_out_of_bounds():
 
 def _start(name, holder, *, mark_pending=True):
     job = registry.get(name)
-    start = _jobstate.Start(
+    start = run_start.Start(
         job=name,
         trigger="kick",
         holder=holder,
@@ -77,7 +81,7 @@ def _start(name, holder, *, mark_pending=True):
         mark_pending=mark_pending,
         lanes=job.lanes,
     )
-    return _jobstate.start_or_join(start)
+    return run_start.start_or_join(start)
 
 
 def _active():
@@ -103,15 +107,15 @@ def test_a_full_claim_asks_for_one_more_lane_while_one_is_free_and_the_ask_lapse
     runner.sync_jobs([LANES_JOB])
     leases = [_start(LANES_JOB, "first")]
     for lane in range(1, 8):
-        assert _jobstate.ask_for_lane(LANES_JOB, 8) is True
-        assert _jobstate.ask_for_lane(LANES_JOB, 8) is False  # one ask at a time
+        assert run_pending.ask_for_lane(LANES_JOB, 8) is True
+        assert run_pending.ask_for_lane(LANES_JOB, 8) is False  # one ask at a time
         started = _start(LANES_JOB, f"grow-{lane}", mark_pending=False)
         assert started.lane == lane
         leases.append(started)
         assert Job.objects.get(name=LANES_JOB).lane_asked is None
     assert _active() == list(range(8))
     # Every lane busy: asking writes nothing, and a start for it is a coalesced one.
-    assert _jobstate.ask_for_lane(LANES_JOB, 8) is False
+    assert run_pending.ask_for_lane(LANES_JOB, 8) is False
     assert _start(LANES_JOB, "ninth", mark_pending=False) is None
     assert _active() == list(range(8))
     # Each lane's attempt row says its lane.
@@ -123,25 +127,25 @@ def test_an_ask_for_a_lane_counts_the_lanes_it_is_given_each_time():
     """The ask's statement is compiled once per job and lane count: a count given later is its own statement."""
     runner.sync_jobs([LANES_JOB])
     _start(LANES_JOB, "first")  # lane 0 busy
-    assert _jobstate.ask_for_lane(LANES_JOB, 1) is False  # one lane, and it is busy
+    assert run_pending.ask_for_lane(LANES_JOB, 1) is False  # one lane, and it is busy
     assert Job.objects.get(name=LANES_JOB).lane_asked is None
-    assert _jobstate.ask_for_lane(LANES_JOB, 8) is True  # lanes 1 to 7 are free
-    assert _jobstate.ask_for_lane(LANES_JOB, 1) is False  # the flag is up, and one lane is still busy
+    assert run_pending.ask_for_lane(LANES_JOB, 8) is True  # lanes 1 to 7 are free
+    assert run_pending.ask_for_lane(LANES_JOB, 1) is False  # the flag is up, and one lane is still busy
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_empty_queue_drains_down_to_one_run_which_serves_the_kick():
     runner.sync_jobs([LANES_JOB])
     first = _start(LANES_JOB, "first")
-    _jobstate.ask_for_lane(LANES_JOB, 8)
+    run_pending.ask_for_lane(LANES_JOB, 8)
     second = _start(LANES_JOB, "second", mark_pending=False)
     assert _start(LANES_JOB, "kick") is None  # kicked while both run: pending
     # The first ends with a short claim (the queue is drained) while the second still runs: it leaves the kick.
-    assert _jobstate.end_run(first, "succeeded", again=True, seconds=30, backlog=False) is False
+    assert run_lease.end_run(first, "succeeded", again=True, seconds=30, backlog=False) is False
     assert _active() == [1]
     assert Job.objects.get(name=LANES_JOB).pending_since is not None
     # The last run to end serves it, even with a short claim: one more run, in its own lane.
-    assert _jobstate.end_run(second, "succeeded", again=True, seconds=30, backlog=False) is True
+    assert run_lease.end_run(second, "succeeded", again=True, seconds=30, backlog=False) is True
     assert _active() == [1] and Job.objects.get(name=LANES_JOB).pending_since is None
 
 
@@ -149,10 +153,10 @@ def test_an_empty_queue_drains_down_to_one_run_which_serves_the_kick():
 def test_a_run_with_backlog_serves_the_kick_beside_other_lanes():
     runner.sync_jobs([LANES_JOB])
     first = _start(LANES_JOB, "first")
-    _jobstate.ask_for_lane(LANES_JOB, 8)
+    run_pending.ask_for_lane(LANES_JOB, 8)
     _start(LANES_JOB, "second", mark_pending=False)
     assert _start(LANES_JOB, "kick") is None
-    assert _jobstate.end_run(first, "succeeded", again=True, seconds=30, backlog=True) is True
+    assert run_lease.end_run(first, "succeeded", again=True, seconds=30, backlog=True) is True
     assert _active() == [0, 1]
 
 
@@ -160,7 +164,7 @@ def test_a_run_with_backlog_serves_the_kick_beside_other_lanes():
 def test_an_expired_lane_is_taken_over_first_and_its_run_resumes_in_that_lane():
     runner.sync_jobs([LANES_JOB])
     first = _start(LANES_JOB, "first")
-    _jobstate.ask_for_lane(LANES_JOB, 8)
+    run_pending.ask_for_lane(LANES_JOB, 8)
     second = _start(LANES_JOB, "vanished", mark_pending=False)
     Lease.objects.filter(pk=second.lease_id).update(expires=timezone.now() - timedelta(seconds=1))
     taken = _start(LANES_JOB, "takeover")
@@ -168,7 +172,7 @@ def test_an_expired_lane_is_taken_over_first_and_its_run_resumes_in_that_lane():
     assert Attempt.objects.get(pk=second.attempt_id).outcome == "crashed"
     assert Attempt.objects.get(pk=first.attempt_id).outcome == "running"  # the other lane is untouched
     # The stale attempt's end does not write the job's summary nor free the lane now held by the takeover.
-    assert _jobstate.end_run(second, "lease_lost", again=True, seconds=30) is False
+    assert run_lease.end_run(second, "lease_lost", again=True, seconds=30) is False
     assert Lease.objects.get(pk=second.lease_id).holder == "takeover"
 
 
@@ -205,7 +209,7 @@ def test_a_process_stopped_while_it_holds_the_jobs_row_blocks_other_starts_only_
     def stopped():
         try:
             with transaction.atomic():
-                _jobstate._lock_job(LANES_JOB)
+                run_rows.lock_job(LANES_JOB)
                 held.set()
                 wake.wait(60)  # a stopped process: its session sits idle inside the start's transaction
                 Job.objects.filter(name=LANES_JOB).count()
@@ -220,7 +224,7 @@ def test_a_process_stopped_while_it_holds_the_jobs_row_blocks_other_starts_only_
         assert held.wait(10)
         began = time.monotonic()
         with transaction.atomic():
-            _jobstate._lock_job(LANES_JOB)  # granted once the server ended the idle session (2 s: two leases)
+            run_rows.lock_job(LANES_JOB)  # granted once the server ended the idle session (2 s: two leases)
         waited = time.monotonic() - began
     finally:
         wake.set()
@@ -426,7 +430,7 @@ def test_sigterm_stops_the_lanes_of_one_worker_and_the_other_workers_lanes_go_on
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
 def test_a_cut_connection_of_one_lane_fails_only_that_lanes_attempt_and_no_row_is_lost():
-    from fabrika_django._jobstate import FENCE_LOCK_CLASS
+    from fabrika_django._sql.fence import FENCE_LOCK_CLASS
 
     rows = 3000
     _rows(rows)
@@ -509,9 +513,9 @@ def test_status_the_jobs_page_the_overview_and_the_metric_show_active_lanes_of_l
 
     runner.sync_jobs([LANES_JOB])
     _start(LANES_JOB, "first")
-    _jobstate.ask_for_lane(LANES_JOB, 8)
+    run_pending.ask_for_lane(LANES_JOB, 8)
     _start(LANES_JOB, "second", mark_pending=False)
-    _jobstate.ask_for_lane(LANES_JOB, 8)
+    run_pending.ask_for_lane(LANES_JOB, 8)
     _start(LANES_JOB, "third", mark_pending=False)
 
     text, as_json = StringIO(), StringIO()

@@ -1,10 +1,11 @@
 """The code's layout rules that a reader relies on, checked over the package's source.
 
-- Every statement on ``Job``, ``Lease`` and ``Attempt`` rows is written in ``_jobstate.py``: no manager of those
-  models, no table name of theirs, anywhere else.
+- Every statement on ``Job``, ``Lease`` and ``Attempt`` rows is written in the run machinery (``_runs/``) or the
+  SQL home (``_sql/``): no manager of those models, no table name of theirs, anywhere else.
 - A queue row's states are defined once, in ``_queuestate.py``: no other module spells a state's condition.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def _sources(*allowed: str) -> list[tuple[str, int, str]]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative in allowed or relative.startswith("migrations/"):
+        homes = ("migrations/", *(home for home in allowed if home.endswith("/")))
+        if relative in allowed or relative.startswith(homes):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             found.append((relative, number, line))
@@ -41,7 +43,7 @@ def _hits(pattern: re.Pattern[str], *allowed: str) -> list[str]:
 
 
 def test_job_lease_and_attempt_rows_are_read_and_written_only_in_the_job_state_module():
-    assert _hits(_JOB_STATE_SQL, "_jobstate.py") == []
+    assert _hits(_JOB_STATE_SQL, "_runs/", "_sql/") == []
 
 
 def test_a_queue_rows_state_is_defined_only_in_its_one_home():
@@ -58,3 +60,193 @@ def test_the_checks_find_what_they_look_for():
     assert _QUEUE_STATE_PREDICATE.search('"WHERE due IS NOT NULL"')
     assert _QUEUE_STATE_PREDICATE.search("row.attempts >= max_attempts_of(type(row))")
     assert _QUEUE_STATE_PREDICATE.search("row.due <= now")
+
+
+# -- one home for SQL, modules of a readable size, caches that a settings change resets ------------------------
+
+#: A statement starts with one of these words in capitals and goes on (a lone keyword, as the write guard's word
+#: lists hold, is not a statement).
+_SQL_VERB = re.compile(
+    r"^\s*\(?\s*(SELECT|UPDATE|INSERT|DELETE|WITH|BEGIN|LISTEN|UNLISTEN|NOTIFY|PREPARE|EXECUTE|DEALLOCATE|SET|SHOW"
+    r"|LOCK|KILL|VACUUM|ANALYZE|CREATE|DROP|ALTER|COMMIT|ROLLBACK|SAVEPOINT)\b\s+\S"
+)
+_SELECT_FROM = re.compile(r"\bSELECT\b.*\bFROM\b", re.S)
+_SQL_HOME = "_sql/"
+_MAX_LINES = 400
+
+
+def _modules() -> list[tuple[str, str]]:
+    """(path relative to the package, source) of every module of the package, migrations aside."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if not relative.startswith("migrations/"):
+            found.append((relative, path.read_text()))
+    return found
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _string_texts(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string constant and f-string outside docstrings; an f-string's values read as "x"."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    texts = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            skip.update(id(part) for part in node.values)
+            text = "".join(part.value if isinstance(part, ast.Constant) else "x" for part in node.values)
+            texts.append((node.lineno, text))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            texts.append((node.lineno, node.value))
+    return texts
+
+
+def _reads_as_sql(text: str) -> bool:
+    return bool(_SQL_VERB.match(text) or _SELECT_FROM.search(text))
+
+
+def _sql_outside_its_home() -> list[str]:
+    found = []
+    for relative, source in _modules():
+        if relative.startswith(_SQL_HOME):
+            continue
+        for line, text in sorted(_string_texts(source)):
+            if _reads_as_sql(text):
+                found.append(f"{relative}:{line}: {text.strip().splitlines()[0][:70]}")
+    return found
+
+
+def test_hand_written_sql_lives_only_in_the_sql_home():
+    """Every hand-written statement is a named function or constant of ``fabrika_django._sql`` (migrations aside).
+
+    Counted as the reviewers count: a string constant or f-string, outside docstrings, that starts with an SQL
+    verb in capitals and goes on, or holds both SELECT and FROM.
+    """
+    offenders = _sql_outside_its_home()
+    assert not offenders, "\n".join(["hand-written SQL outside _sql/:", *offenders])
+
+
+def test_no_module_is_over_the_limit():
+    offenders = [
+        f"{relative}: {len(source.splitlines())} lines"
+        for relative, source in _modules()
+        if len(source.splitlines()) > _MAX_LINES
+    ]
+    assert not offenders, "\n".join([f"modules over {_MAX_LINES} lines:", *offenders])
+
+
+#: A module-level cache, as the convention below forbids it: a functools cache, or a name bound at module level to
+#: an empty dict (literal, ``dict()``, ``defaultdict``, a weak dictionary).
+#: The import of the helpers that make a cache with its reset.
+_HELPERS = re.compile(r"^from (\.+|fabrika_django\.)_sql import [^\n]*\bcache\b", re.M)
+#: Module-level dicts that are registries, not caches: filled at start-up and made again where settings change.
+_REGISTRIES = {
+    # The tasks' backends register their queues' claims when they are made (again after a settings change).
+    "_running.py": "CLAIMS_AT_START",
+}
+_EMPTY_DICT_CALLS = {"dict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary", "OrderedDict"}
+
+
+def _name_of(node: ast.AST) -> str:
+    if isinstance(node, ast.Call):
+        return _name_of(node.func)
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return ""
+
+
+def _is_the_helper(func: ast.AST, relative: str, source: str) -> bool:
+    """Whether a cache decorator is ``_sql.cache`` (by attribute, or by name imported from the SQL home)."""
+    if isinstance(func, ast.Attribute):
+        return _name_of(func.value) == "_sql"
+    helpers = _HELPERS.search(source) or (relative.startswith(_SQL_HOME) and "from . import cache" in source)
+    return isinstance(func, ast.Name) and func.id == "cache" and bool(helpers)
+
+
+def _caches_without_a_reset(relative: str, source: str) -> list[str]:
+    tree = ast.parse(source)
+    found = set()
+    for node in ast.walk(tree):
+        candidates = [node.func] if isinstance(node, ast.Call) else []
+        candidates += [d for d in getattr(node, "decorator_list", []) if isinstance(d, ast.Name | ast.Attribute)]
+        for func in candidates:
+            named = isinstance(func, ast.Name | ast.Attribute) and _name_of(func) in {"lru_cache", "cache"}
+            if named and relative != "_sql/__init__.py" and not _is_the_helper(func, relative, source):
+                found.add(f"{relative}:{func.lineno}: functools {_name_of(func)}")
+    for statement in tree.body:
+        value = statement.value if isinstance(statement, ast.Assign | ast.AnnAssign) else None
+        empty = (isinstance(value, ast.Dict) and not value.keys) or (
+            isinstance(value, ast.Call) and _name_of(value) in _EMPTY_DICT_CALLS and not value.keywords
+        )
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        registry = any(_name_of(target) == _REGISTRIES.get(relative) for target in targets if target is not None)
+        if empty and relative != "_sql/__init__.py" and not registry:
+            found.add(f"{relative}:{statement.lineno}: a module-level dict")
+    return sorted(found)
+
+
+def test_every_module_level_cache_resets_on_setting_changed():
+    """The convention: a module-level cache is made with ``fabrika_django._sql.cache`` (a decorator, in place of
+    ``functools.lru_cache``) or ``fabrika_django._sql.cache_dict()`` (a dict); both register their reset on
+    Django's ``setting_changed``. Any other module-level cache (a functools cache, a module-level empty dict, a
+    weak dictionary) is refused here; one that must not reset takes the helper anyway (a reset only costs a
+    rebuild)."""
+    offenders = [hit for relative, source in _modules() for hit in _caches_without_a_reset(relative, source)]
+    assert not offenders, "\n".join(["module-level caches without a reset on setting_changed:", *offenders])
+
+
+def test_the_sql_home_s_caches_are_emptied_by_a_settings_change():
+    from django.test import override_settings
+
+    from fabrika_django._sql import cache, cache_dict
+
+    calls = []
+
+    @cache()
+    def built(key):
+        calls.append(key)
+        return key
+
+    kept = cache_dict()
+    kept["statement"] = "built once"
+    built("a"), built("a")
+    assert calls == ["a"]
+    with override_settings(FABRIKA={"LEASE_SECONDS": 30}):
+        assert kept == {}
+        built("a")
+    assert calls == ["a", "a"]
+
+
+def test_the_layout_checks_find_what_they_look_for():
+    # A check that cannot fail is a defect: each rule finds what it forbids, and lets pass what it allows.
+    assert _reads_as_sql("SELECT 1")
+    assert _reads_as_sql("UPDATE t SET a = 1")
+    assert _reads_as_sql("count(*) AS n, (SELECT 1 FROM y) AS z")  # a piece holding SELECT and FROM
+    assert _reads_as_sql("  (WITH a AS (SELECT 1) SELECT * FROM a)")
+    assert not _reads_as_sql("SELECT")  # a lone keyword (the write guard's word lists)
+    assert not _reads_as_sql("Select the rows")
+    assert _string_texts('x = f"DELETE FROM {table} WHERE id = %s"') == [(1, "DELETE FROM x WHERE id = %s")]
+    assert _string_texts('def f():\n    """SELECT a FROM b, in a docstring."""\n') == []
+    source = (
+        "import functools\nfrom weakref import WeakKeyDictionary\n_A = {}\n_B: dict = dict()\n"
+        "_C = WeakKeyDictionary()\n_D = {'kept': 1}\n@functools.lru_cache(maxsize=2)\ndef f(): pass\n"
+    )
+    assert len(_caches_without_a_reset("x.py", source)) == 4
+    assert _caches_without_a_reset("_running.py", "CLAIMS_AT_START = {}\n_OTHER = {}\n") == [
+        "_running.py:2: a module-level dict"
+    ]
+    allowed = "from ._sql import cache, cache_dict\n_A = cache_dict()\n@cache(maxsize=2)\ndef f(): pass\n"
+    assert _caches_without_a_reset("x.py", allowed) == []

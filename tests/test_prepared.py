@@ -3,7 +3,9 @@
 import pytest
 from django.db import connection, transaction
 
-from fabrika_django import _jobstate, _prepared, runner
+from fabrika_django import runner
+from fabrika_django._runs import start as run_start
+from fabrika_django._sql import prepared as _prepared
 from fabrika_django.kicks import request_run
 from fabrika_django.models import Job, Lease
 
@@ -83,8 +85,8 @@ def test_inside_a_transaction_the_statement_runs_as_it_is(lab_stamp_rows):
 def test_the_start_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was(lab_stamp_rows):
     Job.objects.filter(name="lab_stamp").update(pending_since=None)
     request_run("lab_stamp")
-    start = _jobstate.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
-    attempt = _jobstate._start_on_free_lease(start)
+    start = run_start.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
+    attempt = run_start._start_on_free_lease(start)
     assert attempt is not None
     assert Lease.objects.get(job="lab_stamp").token is not None
     assert not pending()
@@ -104,16 +106,17 @@ def test_named_parameters_get_one_number_each_in_order_of_first_use():
 def test_the_tasks_claim_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was():
     from django.utils import timezone
 
-    from fabrika_django._task_runs import _claim_sql
+    from fabrika_django._runs.task_claim import _claim_sql
     from fabrika_django.models import QueuedTask
 
     QueuedTask.objects.create(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")
-    sql, fixed, _fields, _convert = _claim_sql("default")
-    params = {**fixed, "backend": "default", "queue": "default", "now": timezone.now(), "limit": 10, "period": 1.0}
+    sql, fixed = _claim_sql("default")
+    now = timezone.now()
+    params = {**fixed, "backend": "default", "queue": "default", "now": now, "limit": 10, "dues": [now], "last": 0}
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)
-    assert len(_prepared.fetchall(connection, sql, {**params, "cap": 60.0})) == 1
+    assert len(_prepared.fetchall(connection, sql, params)) == 1
     assert QueuedTask.objects.get().attempts == 1  # claimed, and committed
     with connection.cursor() as cursor:
         # set_config(..., true): the claim's own transaction only; the task's RUNNING write after it is durable.

@@ -14,8 +14,8 @@ from django.db import OperationalError, connection, connections, transaction
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
-from fabrika_django import queues
 from fabrika_django._running import ActiveRun, running
+from fabrika_django._runs import claim as run_claim
 from fabrika_django.models import TASK_ATTEMPTS_CEILING, QueuedTask, TaskStatus
 from testproject.lab.models import Item
 
@@ -307,7 +307,7 @@ def _claim_paused_in_a_thread(monkeypatch, *, isolation=None, claim=None):
     """
     claim = claim or (lambda: [row.pk for row in Item.objects.claim(limit=50)])
     locked, release = threading.Event(), threading.Event()
-    lease = queues._lease
+    lease = run_claim._lease
     claimer_thread = []
 
     def paused_lease(model, using, rows, *args, **kwargs):
@@ -317,7 +317,7 @@ def _claim_paused_in_a_thread(monkeypatch, *, isolation=None, claim=None):
             release.wait(30)
         return lease(model, using, rows, *args, **kwargs)
 
-    monkeypatch.setattr(queues, "_lease", paused_lease)
+    monkeypatch.setattr(run_claim, "_lease", paused_lease)
     claimed: list[int] = []
 
     def claimer():

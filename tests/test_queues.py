@@ -33,7 +33,7 @@ def _verbs(queries):
 def _claim_statements(*, found=True):
     """A plain claim's statements: with no row found, the long way stops after its read."""
     if connection.vendor == "postgresql":
-        return ["WITH"]  # the read, the lease and the lane ask in one statement (queues._claim_in_one)
+        return ["WITH"]  # the read, the lease and the lane ask in one statement (_runs.claim._claim_in_one)
     # SQLite has no row locks: it takes the database write lock (an UPDATE that matches nothing) first.
     statements = ["SELECT", "UPDATE"] if connection.vendor != "sqlite" else ["UPDATE", "SELECT", "UPDATE"]
     return statements if found else statements[:-1]
@@ -237,7 +237,7 @@ def test_claim_keeps_the_filters_of_the_queryset_it_ends(job_run):
 
 
 def test_a_claim_compiled_once_reads_each_claims_own_now_queryset_and_where(job_run):
-    """The plain claim's locking read is compiled once (``queues._CLAIM_READS``): a later claim still reads its
+    """The plain claim's locking read is compiled once (``_runs.claim._CLAIM_READS``): a later claim still reads its
     own ``now``, and a claim on a filtered queryset or with ``where`` is not answered by the plain one's text."""
     first = ReminderFactory(due=NOON - MINUTE)
     later = ReminderFactory(due=NOON + 10 * MINUTE)

@@ -174,7 +174,7 @@ def test_an_attempt_whose_end_cannot_be_written_keeps_its_outcome_until_the_data
     from django.db import OperationalError
     from django.test import override_settings
 
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
     from fabrika_django.worker import Worker
 
     # The database is away for the attempt's end (its first write and the retry on a new connection) and for
@@ -182,7 +182,7 @@ def test_an_attempt_whose_end_cannot_be_written_keeps_its_outcome_until_the_data
     failures = {"end_attempt": 2, "end_run": 1}
 
     def away(name):
-        real = getattr(_jobstate, name)
+        real = getattr(run_lease, name)
 
         def write(*args, **kwargs):
             if failures[name]:
@@ -193,7 +193,7 @@ def test_an_attempt_whose_end_cannot_be_written_keeps_its_outcome_until_the_data
         return write
 
     for name in failures:
-        monkeypatch.setattr(_jobstate, name, away(name))
+        monkeypatch.setattr(run_lease, name, away(name))
 
     def fails_on_its_own(ctx):
         raise ValueError("the handler's own failure")
@@ -228,10 +228,10 @@ def test_a_kept_outcome_is_written_when_the_run_goes_on_to_its_next_attempt(monk
     from django.db import OperationalError
     from django.test import override_settings
 
-    from fabrika_django import _jobstate
+    from fabrika_django._runs import lease as run_lease
     from fabrika_django.worker import Worker
 
-    real_end_attempt = _jobstate.end_attempt
+    real_end_attempt = run_lease.end_attempt
     failures = {"end_attempt": 2}  # the attempt's end, and the retry on a new connection
 
     def end_attempt(*args, **kwargs):
@@ -240,7 +240,7 @@ def test_a_kept_outcome_is_written_when_the_run_goes_on_to_its_next_attempt(monk
             raise OperationalError("the database system is shutting down")
         return real_end_attempt(*args, **kwargs)
 
-    monkeypatch.setattr(_jobstate, "end_attempt", end_attempt)
+    monkeypatch.setattr(run_lease, "end_attempt", end_attempt)
     calls = []
 
     def fails_once(ctx):

@@ -11,7 +11,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from fabrika_django import _jobstate, runner
+from fabrika_django import runner
+from fabrika_django._runs import start as run_start
 from fabrika_django.kicks import request_run
 from fabrika_django.models import Attempt, Job, KickRequest, Lease
 from fabrika_django.testing import run_job
@@ -321,10 +322,10 @@ def test_a_retry_pause_longer_than_the_lease_keeps_the_lease_and_the_retry_runs(
 
 
 def _start(job, holder, *, mark_pending=True):
-    start = _jobstate.Start(
+    start = run_start.Start(
         job=job.name, trigger="kick", holder=holder, seconds=30, max_attempt=1 + job.retries, mark_pending=mark_pending
     )
-    return _jobstate.start_or_join(start)
+    return run_start.start_or_join(start)
 
 
 @pytest.mark.django_db(transaction=True)

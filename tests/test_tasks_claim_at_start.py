@@ -6,7 +6,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fabrika_django import _jobstate, _task_runs, runner
+from fabrika_django import runner
+from fabrika_django._runs import start as run_start
+from fabrika_django._runs import tasks as _task_runs
 from fabrika_django.models import QueuedTask
 from testproject.lab import tasks
 from testproject.lab.models import Mark
@@ -17,10 +19,10 @@ JOB = "tasks.default.default"
 
 
 def _start(holder):
-    start = _jobstate.Start(
+    start = run_start.Start(
         job=JOB, trigger="kick", holder=holder, seconds=30, max_attempt=1, mark_pending=False, now=timezone.now()
     )
-    return _jobstate.start_or_join(start)
+    return run_start.start_or_join(start)
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +136,7 @@ def test_a_run_whose_start_claimed_nothing_claims_again_with_a_later_now():
 
 def test_a_task_the_start_statement_started_is_ready_again_when_the_attempt_ends_before_it_runs(monkeypatch):
     # The attempt ends between its start statement and the task (a shutdown, say): the fence's check refuses.
-    from fabrika_django import _fence
+    from fabrika_django._runs import fence as _fence
     from fabrika_django.exceptions import LeaseLost
 
     def refuse(self):

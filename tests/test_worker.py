@@ -16,9 +16,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
-from fabrika_django import _jobstate, kick
+from fabrika_django import kick
 from fabrika_django._listen import listen_alias
 from fabrika_django._process import configure_logging
+from fabrika_django._runs import lease as run_lease
 from fabrika_django.models import Attempt, Job, KickRequest, Lease
 from fabrika_django.testing import FixedClock, run_job
 from fabrika_django.worker import Worker
@@ -363,7 +364,7 @@ def test_stopping_a_worker_aborts_its_attempt_releases_the_lease_and_hands_the_j
 
 
 def test_a_run_cut_off_by_the_database_frees_its_lease_and_runs_again_without_waiting_for_expiry(monkeypatch):
-    real_end = _jobstate.end_run
+    real_end = run_lease.end_run
     failures = []
 
     def end_once_broken(*args, **kwargs):
@@ -372,7 +373,7 @@ def test_a_run_cut_off_by_the_database_frees_its_lease_and_runs_again_without_wa
             raise OperationalError("server closed the connection unexpectedly")
         return real_end(*args, **kwargs)
 
-    monkeypatch.setattr(_jobstate, "end_run", end_once_broken)
+    monkeypatch.setattr(run_lease, "end_run", end_once_broken)
 
     def cut(ctx):
         mark(ctx, "ran")

@@ -14,7 +14,7 @@ from typing import Any
 from django.utils import timezone
 
 from fabrika_django._queuestate import state_q
-from fabrika_django._task_runs import result_of, task_of
+from fabrika_django._runs.tasks import result_of, task_of
 from fabrika_django.models import QueuedTask, TaskStatus
 from fabrika_django.queues import QueueManager, QueueQuerySet
 

@@ -18,7 +18,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import _jobstate
+from .._runs import reads as run_reads
 from .._schedule_words import describe
 from ..jobs import registry
 from ..kicks import kick
@@ -99,9 +99,9 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             super()
             .get_queryset(request)
             .annotate(
-                active=_jobstate.active_annotation(now),
-                active_lanes=_jobstate.active_lanes_annotation(now),
-                kicked=_jobstate.kicked_annotation(),
+                active=run_reads.active_annotation(now),
+                active_lanes=run_reads.active_lanes_annotation(now),
+                kicked=run_reads.kicked_annotation(),
             )
         )
 
@@ -230,7 +230,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("recent attempts"))
     def recent_attempts(self, job: Job) -> str:
-        rows = _jobstate.recent_attempts(job.name, _RECENT_ATTEMPTS)
+        rows = run_reads.recent_attempts(job.name, _RECENT_ATTEMPTS)
         if not rows:
             return str(_("none yet"))
         items = format_html_join(
@@ -326,7 +326,7 @@ class _JobChangeList(ChangeList):
         super().get_results(request)
         if self.query or self.get_filters_params() or self.page_num > 1:
             return
-        listed = _jobstate.job_names()
+        listed = run_reads.job_names()
         missing = [Job(name=job.name) for job in registry if job.name not in listed]
         if not missing:
             return

@@ -109,10 +109,10 @@ class Lease(models.Model):
     ``token`` is unique on purpose: on MariaDB/MySQL ``ctx.transaction()`` holds its index entry shared, which
     an UPDATE of the token must lock and so waits for, while a renewal (an UPDATE of ``expires`` alone) does
     not. So a lease is never taken over under an open fenced transaction, and renewing never waits for one.
-    PostgreSQL does the same with an advisory lock named after the row's id (``_jobstate``'s fence section).
+    PostgreSQL does the same with an advisory lock named after the row's id (``_runs.fence``).
     """
 
-    # A 32-bit key on purpose: it is the second key of the fence's advisory lock on PostgreSQL (_jobstate).
+    # A 32-bit key on purpose: it is the second key of the fence's advisory lock on PostgreSQL (_sql.fence).
     id = models.AutoField(primary_key=True)
     job = models.CharField(_("job"), max_length=100)
     #: The lane (0-based) of a job declared with ``lanes``: one lease per (job, lane).

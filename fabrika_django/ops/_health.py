@@ -17,7 +17,7 @@ from typing import Any
 from django.core import checks
 from django.db import connections, models, router
 
-from .. import _jobstate
+from .._runs import reads as run_reads
 from .._sql import ops as sql
 from ..conf import settings
 from ..jobs import registry
@@ -165,7 +165,7 @@ def _words(seconds: float) -> str:
 def _stuck_leases(now: datetime) -> list[Finding]:
     """A lease with a token whose expiry passed: its holder stopped renewing it, and nobody took it over yet."""
     findings = []
-    for job, holder, expires in _jobstate.expired_leases(now):
+    for job, holder, expires in run_reads.expired_leases(now):
         age = (now - expires).total_seconds() if expires is not None else 0.0
         findings.append(
             Finding(
@@ -185,7 +185,7 @@ def _overdue_jobs(now: datetime, thresholds: Thresholds) -> list[Finding]:
     """A scheduled job whose last success is older than a few of its periods (or that failed that often since)."""
     scheduled = {job.name: job for job in registry if job.schedule is not None}
     findings = []
-    for name, state in sorted(_jobstate.job_states(list(scheduled), now).items()):
+    for name, state in sorted(run_reads.job_states(list(scheduled), now).items()):
         last_success, failures, last_outcome = state["last_success"], state["failures_in_row"], state["last_outcome"]
         period = scheduled[name].period
         limit = period * thresholds.overdue_periods

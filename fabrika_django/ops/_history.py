@@ -19,7 +19,7 @@ from django.db import connections, router
 from django.db.models import Max
 from django.db.models.functions import TruncHour
 
-from .. import _jobstate
+from .._runs import reads as run_reads
 from ..models import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
 from . import _digest, _report  # modules, not their names: _report imports this one (through _health)
 
@@ -121,7 +121,7 @@ class _Tally:
 def _tallies(since: datetime, until: datetime) -> tuple[dict[tuple[str, datetime], _Tally], dict[datetime, int]]:
     """Fold the attempts started in ``[since, until)`` per job and hour; and count per hour those still running.
 
-    PostgreSQL groups them in one statement (``_jobstate.attempt_hours_sql``); elsewhere they are read here,
+    PostgreSQL groups them in one statement (``run_reads.attempt_hours_sql``); elsewhere they are read here,
     fine for SQLite's one process and the hour or two read outside the folded ones.
     """
     tallies: dict[tuple[str, datetime], _Tally] = defaultdict(_Tally)
@@ -151,7 +151,7 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
             yield job, hours[hour], outcome, bucket, count
         return
     grouped: dict[tuple[str, datetime, str, int | None], int] = defaultdict(int)
-    for job, started, finished, outcome in _jobstate.attempt_ends(since, until):
+    for job, started, finished, outcome in run_reads.attempt_ends(since, until):
         bucket = None
         if finished is not None and outcome != Outcome.RUNNING:
             bucket = _digest.bucket_of(max(0.0, (finished - started).total_seconds()))  # clocks of two hosts
@@ -161,8 +161,8 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
 
 
 def hourly_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
-    """PostgreSQL's statement of an hour's fold (``_jobstate`` writes it; bench/overview.py explains it)."""
-    return _jobstate.attempt_hours_sql(connection, since, until)
+    """PostgreSQL's statement of an hour's fold (``_sql.runs`` writes it; bench/overview.py explains it)."""
+    return run_reads.attempt_hours_sql(connection, since, until)
 
 
 def _utc_hour(moment: Any) -> datetime:

@@ -155,14 +155,16 @@ def _quietly(read: Any, *args: Any) -> Any:
 
 
 def _kicked_since(job: str) -> Any:
-    from .. import _jobstate  # it imports the models; this module is imported before the app registry is ready
+    from .._runs import (
+        reads as run_reads,  # it imports the models; this module is imported before the app registry is ready
+    )
 
-    return _jobstate.kicked_since(job)
+    return run_reads.kicked_since(job)
 
 
 def _observe_kick_latency(instruments: _Instruments, job: str, holder: str, kicked: Any) -> None:
-    from .. import _jobstate  # as above
+    from .._runs import reads as run_reads  # as above
 
-    started = _jobstate.first_attempt_started(job, holder, kicked)
+    started = run_reads.first_attempt_started(job, holder, kicked)
     if started is not None:
         instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())

@@ -2,7 +2,7 @@
 and the health findings of ``_health`` (computed from the same counts).
 
 Both read the same data the same way: queue rows counted by the states of ``_queuestate`` (one statement
-per table), jobs read through ``_jobstate.job_states`` (nothing written on a read).
+per table), jobs read through ``run_reads.job_states`` (nothing written on a read).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from django.db import connections, models, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .. import _jobstate
 from .._caches import resets_with_settings
 from .._queuestate import not_done_q, q_sql, state_sql
+from .._runs import reads as run_reads
 from .._sql import ops as ops_sql
 from ..jobs import registry
 from ..models import QueueModel
@@ -131,10 +131,10 @@ def _as_datetime(value: Any) -> datetime | None:
 def job_states(now: datetime) -> list[dict[str, Any]]:
     """Return each registered job's row (defaults for a job without one) with its run state.
 
-    ``active``, ``active_lanes``, ``lanes``, ``holder``, ``pending``: see ``_jobstate.job_states``.
+    ``active``, ``active_lanes``, ``lanes``, ``holder``, ``pending``: see ``run_reads.job_states``.
     """
     names = [job.name for job in registry]
-    states = _jobstate.job_states(names, now)
+    states = run_reads.job_states(names, now)
     return [states[name] for name in names]
 
 

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import _jobstate, kicks, runner, worker
+from fabrika_django import kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django._requeue import RunningTasks, requeue_rows
 from fabrika_django._sessions import bound_idle_transactions
@@ -30,6 +30,8 @@ from fabrika_django.management import _show
 from fabrika_django.management._show import usage as _usage
 from fabrika_django.models import QueueModel
 from fabrika_django.ops import _metrics, _report, _sweep_job
+
+from ..._runs import pending as run_pending
 
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
 _COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
@@ -159,7 +161,7 @@ class Command(BaseCommand):
         with stop_signals(stop.set, signals=(signal.SIGTERM,)), _fabrika_logs_warnings_only(quiet):
             # Hosts that run jobs from cron have no worker to take kick rows: every run takes them all (into
             # the jobs' pending flags, which this run and the next ones serve), so they never pile up.
-            _jobstate.take_kicks([registered.name for registered in registry])
+            run_pending.take_kicks([registered.name for registered in registry])
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:

@@ -10,18 +10,17 @@ pooler hands out, a name always means the same statement: at worst it is missing
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._caches import resets_with_settings
+from . import cache, cache_dict
 
 # For each psycopg connection, the names of the statements it prepared. Behind a pooler the server session
 # under a connection changes, so this is a hint only: a statement found missing is prepared again.
-_known: weakref.WeakKeyDictionary[Any, set[str]] = resets_with_settings(weakref.WeakKeyDictionary())
+_known: weakref.WeakKeyDictionary[Any, set[str]] = cache_dict(weak=True)
 
 _MISSING = "26000"  # invalid_sql_statement_name: no prepared statement of that name in this session
 _DUPLICATE = "42P05"  # duplicate_prepared_statement: another try prepared it first in this session
@@ -87,8 +86,7 @@ def _try(cursor: Any, sql: str, params: Sequence[Any], *, ok: tuple[str, ...]) -
     return True
 
 
-@resets_with_settings
-@functools.lru_cache(maxsize=16)
+@cache(maxsize=16)
 def _statement(sql: str) -> tuple[str, str, tuple[str, ...]]:
     """Return the statement's name (a hash of its text), its ``PREPARE``, and the order of its named parameters.
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
 
+from django.db import connection as default_connection
 from django.db import connections, router
 
-from .context import AbortSignal
-from .exceptions import LeaseLost
+from .._sql import fence as fence_sql
+from ..context import AbortSignal
+from ..exceptions import LeaseLost
+
+logger = logging.getLogger("fabrika_django.runner")
 
 
 class LeaseFence:
     """Checks, at a transaction's begin and before its commit, that the lease is still the attempt's.
 
     At begin it holds the lease against a change of its token for the rest of the transaction, then checks
-    the token. PostgreSQL: a shared advisory lock named after the Lease row (``_jobstate.fence_lock_sql``),
+    the token. PostgreSQL: a shared advisory lock named after the Lease row (``_sql.fence.fence_lock``),
     which every path that changes or clears a token takes exclusively, in its own transaction, before its
-    UPDATE (``_jobstate.lock_fences``); a renewal changes only ``expires`` and takes nothing, so it never waits.
+    UPDATE (``lock_fences``); a renewal changes only ``expires`` and takes nothing, so it never waits.
     MariaDB/MySQL: a shared lock on the token's unique index entry (a token change must lock that entry, a
     renewal does not). SQLite: the database write lock. Other backends: ``FOR UPDATE``. Before commit it checks
     locally, without a round trip: the signal (deadline, lost lease, shutdown) and the time the last renewal
@@ -49,7 +54,7 @@ class LeaseFence:
     def hold(self, using: str | None) -> None:
         """Lock the lease row for the rest of the transaction, or raise LeaseLost if it is not ours."""
         # Imported here: this module is imported with the package, before the app registry is ready.
-        from .models import Lease
+        from ..models import Lease
 
         connection = connections[using or router.db_for_write(Lease)]
         if connection.vendor == "postgresql":
@@ -80,15 +85,14 @@ class LeaseFence:
         return held
 
     def _statement(self, connection: Any) -> tuple[str, list[Any]]:
-        """Return the fence's statement (``_jobstate.hold_lease_sql``) and its parameters: the lease row's id, token.
+        """Return the fence's statement (``_sql.fence.hold_lease``) and its parameters: the lease row's id, token.
 
         On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).
         """
-        from . import _jobstate
-        from .models import Lease
+        from ..models import Lease
 
         token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
-        return _jobstate.hold_lease_sql(connection), [self.lease_id, token]
+        return fence_sql.hold_lease(connection), [self.lease_id, token]
 
     def _begin_with(self, connection: Any) -> bool:
         """PostgreSQL: take the fence's lock and check the token, in the round trip of the BEGIN; True if held.
@@ -97,9 +101,9 @@ class LeaseFence:
         check must be a statement of its own: at READ COMMITTED each statement reads a snapshot taken when it
         starts, so a check in the lock's own statement would read the snapshot from before a wait for the lock,
         and could find the old token of a takeover that committed during that wait. As the next statement it
-        sees every token change whose writer held the lock exclusively before us (``_jobstate.lock_fences``).
+        sees every token change whose writer held the lock exclusively before us (``lock_fences``).
         At REPEATABLE READ or SERIALIZABLE the transaction's one snapshot is taken by the lock's statement, so
-        there the check also locks the row (``FOR KEY SHARE``, ``hold_lease_locked_sql``): a token changed
+        there the check also locks the row (``FOR KEY SHARE``, ``_sql.fence.hold_lease_locked``): a token changed
         after that snapshot makes it fail with a serialization error instead of passing (the check answers
         the level it ran at, a server default included).
 
@@ -113,20 +117,18 @@ class LeaseFence:
         """
         import psycopg  # the postgres extra's: not installed for SQLite-only projects
 
-        from . import _jobstate
-
         connection.ensure_connection()  # open already inside atomic(): a check, not a round trip
         raw = connection.connection
         if raw.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             with connection.cursor() as cursor:
-                cursor.execute(_jobstate.fence_lock_sql(), [self.lease_id])
+                cursor.execute(fence_sql.fence_lock(), [self.lease_id])
                 cursor.execute(*self._statement(connection))
                 found = cursor.fetchone()
                 return found is not None and self._checked_at(connection, found[0])
         built = self._begin_queries.get(id(raw))
         if built is None or built[0] is not raw:
             mogrify = psycopg.ClientCursor(raw).mogrify
-            lock = mogrify(_jobstate.fence_lock_sql(), [self.lease_id])
+            lock = mogrify(fence_sql.fence_lock(), [self.lease_id])
             query = "; ".join((_begin(raw), lock, mogrify(*self._statement(connection))))
             built = self._begin_queries[id(raw)] = (raw, query.encode(raw.info.encoding))
         with connection.wrap_database_errors:  # raised as Django's errors, as from a cursor
@@ -142,11 +144,9 @@ class LeaseFence:
         """True if the token check, run at isolation ``level``, answers for the rest of the transaction."""
         if level == "read committed":
             return True
-        from . import _jobstate
-
         _sql, params = self._statement(connection)
         with connection.cursor() as cursor:
-            cursor.execute(_jobstate.hold_lease_locked_sql(connection), params)
+            cursor.execute(fence_sql.hold_lease_locked(connection), params)
             return cursor.fetchone() is not None
 
 
@@ -160,3 +160,63 @@ def _begin(raw: Any) -> str:
     if raw.deferrable is not None:
         words.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
     return " ".join(words)
+
+
+# PostgreSQL fences each ``ctx.transaction()`` with a shared advisory lock named after its lease, (FENCE_LOCK_CLASS,
+# the Lease row's id): one per (job, lane), so one lane's changes never wait for another lane's transactions.
+# The fence takes it in the transaction's first statement and checks the token in the next (``_fence``). Every
+# path that changes or clears a token that a fenced transaction could still hold (a takeover, ``rotate``,
+# ``end_run``, ``release``, ``release_all``) first takes the same lock exclusively in its own transaction
+# (``lock_fences``), before its UPDATE, and keeps it until its commit. So a token change waits for every open
+# fenced transaction of the old token (a stale attempt never commits after its replacement started), and a
+# fenced transaction that asks for the lock meanwhile waits for the change's commit, after which its check
+# finds the new token and refuses. A renewal changes only ``expires``, takes nothing and never waits. The free
+# lease's one-statement start (``_sql.runs.free_lease_start``) sets a token over a null one, and no fenced
+# transaction holds a null token (the path that cleared it waited for them all, and any later check finds
+# null), so it takes nothing either. The lock replaced a ``FOR KEY SHARE`` row lock, which wrote the lease
+# row's xmax (a dirtied page, WAL) in every fenced transaction: about a quarter millisecond of the server's.
+#
+# A stopped process (SIGSTOP, a long GC pause, a VM migration) never ends its fenced transaction, and the
+# takeover would wait for as long as the process stays frozen (a takeover must come within about a lease). The
+# shared lock names the sessions that hold a lane's fence in pg_locks, so a takeover of an *expired* lease ends
+# those sessions (pg_terminate_backend) before it asks for the exclusive lock: their transactions roll back,
+# which the fence would have done at their commit anyway, since an attempt whose lease expired may not commit;
+# the exclusive lock then waits only for those sessions to exit. A live holder keeps renewing, so its lease
+# never expires and its transactions are never touched.
+
+
+def lock_fences(leases: Any) -> list[int] | None:
+    """Wait for the open fenced transactions of ``leases`` (a Lease queryset), and hold off new ones, until this
+    transaction ends; answer the ids it locked (None elsewhere than PostgreSQL: nothing to do there).
+
+    The fence's lock, taken exclusively, lease by lease in the order of their ids, in the transaction that
+    then changes or clears their tokens (on the other databases the token UPDATE's own lock does it). Only the
+    rows the queryset finds now: a stale attempt's ``end_run`` whose token is gone locks nothing, so it never
+    waits for its replacement's transactions.
+    """
+    connection = default_connection
+    if connection.vendor != "postgresql":
+        return None
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_fences() holds its locks until the transaction ends: call it inside one.")
+    sql, params = leases.order_by("id").values("id").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(fence_sql.lock_fences(sql), params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def end_frozen_fences(lease_id: int) -> int:
+    """End the sessions holding fenced transactions under the lease ``lease_id`` if it expired; return how many.
+
+    Runs in the takeover's transaction (under the Job row's lock), before ``lock_fences`` and its UPDATE.
+    """
+    connection = default_connection
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(fence_sql.end_frozen_fences(connection), [lease_id, lease_id])
+        row = cursor.fetchone()
+    ended = int(row[0]) if row else 0
+    if ended:
+        logger.warning("Ended the fenced transactions of a frozen holder lease=%d sessions=%d", lease_id, ended)
+    return ended

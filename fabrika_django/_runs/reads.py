@@ -1,0 +1,183 @@
+"""What the worker's scan, the admin, the status command and the operators' pages read of a job's rows."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import connection as default_connection
+from django.db.models import Count, Exists, Min, OuterRef, Subquery
+from django.db.models.functions import Coalesce, Now
+
+from .._sql import runs as run_sql
+from ..models import Attempt, Job, KickRequest, Lease, Outcome
+from ..ops import _digest
+from .pending import waiting_kicks
+from .rows import lanes_of, lease_active
+
+logger = logging.getLogger("fabrika_django.runner")
+
+
+def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+    """Read the ``Job`` row of each named job with ``active``, ``active_lanes``, ``lanes`` and ``holder``.
+
+    ``active_lanes`` counts the job's runs active now (one a lane); ``holder`` is one of their holders.
+
+    Jobs without rows yet (never run, no worker started since they were declared) answer the defaults of a
+    fresh row: nothing is written on a read.
+    """
+    fresh = {field.attname: field.get_default() for field in Job._meta.concrete_fields}
+    rows = {row["name"]: row for row in Job.objects.filter(name__in=names).values()}
+    active: dict[str, list[str]] = {}
+    for row in Lease.objects.filter(lease_active(now), job__in=names).values("job", "holder").order_by("lane"):
+        active.setdefault(row["job"], []).append(row["holder"])
+    kicked = waiting_kicks(names)
+    states = {}
+    for name in names:
+        state = dict(rows.get(name) or {**fresh, "name": name})
+        state["active"] = name in active
+        state["active_lanes"] = len(active.get(name, ()))
+        state["lanes"] = lanes_of(name)
+        state["holder"] = active[name][0] if name in active else None
+        # A kick no worker has taken yet is pending too.
+        state["pending"] = state["pending_since"] is not None or name in kicked
+        states[name] = state
+    return states
+
+
+def active_annotation(now: datetime) -> Any:
+    """An ``Exists`` to annotate a ``Job`` queryset with ``active`` (the jobs admin)."""
+    return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
+
+
+def active_lanes_annotation(now: datetime) -> Any:
+    """A subquery to annotate a ``Job`` queryset with ``active_lanes``: its runs active now (the jobs admin)."""
+    active = Lease.objects.filter(lease_active(now), job=OuterRef("name")).order_by()
+    return Coalesce(Subquery(active.values("job").annotate(count=Count("pk")).values("count")), 0)
+
+
+def kicked_annotation() -> Any:
+    """An ``Exists`` to annotate a ``Job`` queryset with ``kicked``: a kick row no worker has taken yet."""
+    return Exists(KickRequest.objects.filter(job=OuterRef("name")))
+
+
+def job_names() -> set[str]:
+    """Return the names of the jobs that have a ``Job`` row."""
+    return set(Job.objects.values_list("name", flat=True))
+
+
+def recent_attempts(name: str, count: int) -> list[Attempt]:
+    """Return the job's last ``count`` attempts, newest first."""
+    return list(Attempt.objects.filter(job=name)[:count])
+
+
+def take_fire(name: str, read: datetime | None, following: datetime) -> bool:
+    """Move the job's next fire from the value ``read`` to ``following``; True if this call moved it.
+
+    A compare-and-set: of all workers that read the same fire, exactly one owns it.
+    """
+    return bool(Job.objects.filter(name=name, next_fire=read).update(next_fire=following))
+
+
+class StateReader:
+    """The worker's scan: every served job's pending flag, next fire and lease, in one query."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        self._sql: tuple[str, Callable[[Any], datetime | None]] | None = None
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        if self._sql is None:
+            self._sql = _states_sql(len(self.names))
+        sql, convert_fire = self._sql
+        with default_connection.cursor() as cursor:
+            cursor.execute(sql, self.names)
+            rows = cursor.fetchall()
+        return {
+            name: {
+                "pending": bool(pending),
+                "asked": bool(asked),
+                "next_fire": convert_fire(fire),
+                "held": bool(active),
+                "active": int(active or 0),
+                "orphaned": int(orphaned or 0),
+            }
+            for name, pending, asked, fire, active, orphaned in rows
+        }
+
+
+def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
+    """The scan's query, built once per worker, and the converter of its ``next_fire`` column.
+
+    A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
+    millisecond on SQLite, more than the query). This is the same query written out: one row per job
+    with its pending flag, next fire, and whether its lease is active (``lease_active``) or was left
+    expired (by the database's clock, ``Now()``), counted over the job's lanes. Parameters: the job names.
+    """
+    connection = default_connection
+    compiler = Job.objects.none().query.get_compiler(connection=connection)
+    now, _ = compiler.compile(Now())
+    sql = run_sql.job_states(connection, count, now)
+    column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
+    converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+
+    def convert_fire(value: Any) -> datetime | None:
+        for converter in converters:
+            value = converter(value, column, connection)
+        return value
+
+    return sql, convert_fire
+
+
+def prune_attempts(cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` attempt rows started before ``cutoff``, oldest first; return how many."""
+    pks = list(Attempt.objects.filter(started__lt=cutoff).order_by("pk").values_list("pk", flat=True)[:batch])
+    if not pks:
+        return 0
+    return int(Attempt.objects.filter(pk__in=pks).delete()[0])
+
+
+def expired_leases(now: datetime) -> list[tuple[str, str, datetime | None]]:
+    """Return (job, holder, expires) of each lease with a token whose expiry passed: held by nobody alive."""
+    held = Lease.objects.filter(token__isnull=False, expires__lt=now).order_by("job")
+    return [(job, holder, expires) for job, holder, expires in held.values_list("job", "holder", "expires")]
+
+
+def pending_since(name: str) -> datetime | None:
+    """Return when the job was first kicked without a run serving it yet (None: not pending)."""
+    return Job.objects.filter(name=name).values_list("pending_since", flat=True).first()
+
+
+def kicked_since(name: str) -> datetime | None:
+    """Return when the job was first kicked without a run serving it yet: its pending flag, else its oldest kick
+    row (a kick whose NOTIFY a worker heard is taken by the run's start itself, so it never became the flag)."""
+    flag = pending_since(name)
+    if flag is not None:
+        return flag
+    oldest: datetime | None = KickRequest.objects.filter(job=name).aggregate(oldest=Min("created"))["oldest"]
+    return oldest
+
+
+def first_attempt_started(name: str, holder: str, since: datetime) -> datetime | None:
+    """Return the start of ``holder``'s first attempt of a run of ``name`` that started at ``since`` or later."""
+    started = Attempt.objects.filter(job=name, holder=holder, number=1, started__gte=since).order_by("started")
+    return started.values_list("started", flat=True).first()
+
+
+def attempt_hours_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
+
+    Per job, hour (UTC) of the start, outcome and duration bucket (``_digest.bucket_sql``; null while running) of
+    the attempts started in ``[since, until)``: how many. Through the index on ``started``; over every job:
+    filtering by name costs more than the rows of jobs no longer registered.
+    """
+    bucket = _digest.bucket_sql("greatest(extract(epoch FROM finished - started)::float8, 0)")
+    return run_sql.attempt_hours(connection, bucket), [Outcome.RUNNING.value, since, until]
+
+
+def attempt_ends(since: datetime, until: datetime) -> Any:
+    """(job, started, finished, outcome) of the attempts started in ``[since, until)``, read in chunks."""
+    started = Attempt.objects.filter(started__gte=since, started__lt=until)
+    return started.values_list("job", "started", "finished", "outcome").iterator(chunk_size=2000)
