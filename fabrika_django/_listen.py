@@ -20,6 +20,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from . import _db_failure
 from ._channel import CHANNEL
+from ._sql import listen as listen_sql
 from .backoff import doubling
 from .conf import settings
 
@@ -139,7 +140,7 @@ class Listener(threading.Thread):
         wrapper.ensure_connection()
         raw = wrapper.connection
         raw.autocommit = True
-        raw.execute(f"LISTEN {CHANNEL}")
+        raw.execute(listen_sql.listen())
         if self.backoff.failures:
             logger.info("Listen connection back alias=%s", self.alias)
         self.backoff.reset()
@@ -151,7 +152,7 @@ class Listener(threading.Thread):
             self._hand_over(raw)  # notes that came with the LISTEN's answer: read already, so no socket wakes
             while not self.stop.is_set():
                 if not selector.select(timeout=_WAIT_SECONDS):
-                    raw.execute("SELECT 1")  # silence: is the connection still there? (notes heard meanwhile wait)
+                    raw.execute(listen_sql.PING)  # silence: is the connection still there? (notes heard meanwhile wait)
                 self._drain_wakes()
                 self._hand_over(raw)
 

@@ -24,7 +24,6 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import sqlparse.lexer
@@ -32,8 +31,8 @@ from django.apps import apps
 from django.db import connections
 from sqlparse import tokens as T
 
-from ._caches import resets_with_settings
 from ._running import active_run
+from ._sql import cache
 from .conf import settings
 from .exceptions import CapabilityRefused, WriteOutsideTransaction
 
@@ -192,7 +191,7 @@ def _selects_into(statement: list[tuple[Any, str]]) -> bool:
     return False
 
 
-_cached_classify = resets_with_settings(lru_cache(maxsize=1024)(_classify))
+_cached_classify = cache(maxsize=1024)(_classify)
 
 
 def _tokens(sql: str) -> Iterator[tuple[Any, str]]:
@@ -263,8 +262,7 @@ def _model_of_table(table: str) -> Any:
     return tables.get(table) or tables.get(table.lower())
 
 
-@resets_with_settings
-@lru_cache(maxsize=1)
+@cache(maxsize=1)
 def _models_by_table() -> dict[str, Any]:
     """Map each application table to the model whose permission guards it; fabrika's tables are exempt."""
     tables: dict[str, Any] = {}

@@ -11,9 +11,8 @@ so nothing a worker missed while away is lost.
   pending flag, and the run it starts for the NOTIFY the kick's commit sent takes it in its start's statement;
   a run that starts clears the flag. A job with a live run is left alone: that run sees the flag when it ends
   and runs once more (``run_lease.end_run``).
-- Lanes: a job with ``lanes`` > 1 may run up to that many runs at once, over every worker. A run
-  whose claim came back full asks for one more lane (``Job.lane_asked``, heard as a kick): any worker with a
-  free slot starts it in a free lane. ``concurrency`` counts runs, whichever jobs and lanes they are.
+- Lanes: a job with ``lanes`` > 1 runs up to that many runs at once over every worker; a full claim asks for one
+  more lane (``Job.lane_asked``, heard as a kick), which a free slot starts. ``concurrency`` counts runs.
 - A fire is a compare-and-set of ``Job.next_fire`` from the value read to the next fire after now, so each
   fire is taken by exactly one worker, and fires missed while no worker ran collapse into one run.
 - A lease that expired with a token is a holder that vanished (SIGKILL): its job is run, which takes the

@@ -154,6 +154,8 @@ _HELPERS = re.compile(r"^from (\.+|fabrika_django\.)_sql import [^\n]*\bcache\b"
 _REGISTRIES = {
     # The tasks' backends register their queues' claims when they are made (again after a settings change).
     "_running.py": "CLAIMS_AT_START",
+    # The sweep's last report, handed from its job's run to ``fabrika_job sweep-files`` in the same process.
+    "ops/_sweep_job.py": "_last_reports",
 }
 _EMPTY_DICT_CALLS = {"dict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary", "OrderedDict"}
 

@@ -7,7 +7,6 @@ per table), jobs read through ``run_reads.job_states`` (nothing written on a rea
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,9 +17,9 @@ from django.db import connections, models, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .._caches import resets_with_settings
 from .._queuestate import not_done_q, q_sql, state_sql
 from .._runs import reads as run_reads
+from .._sql import cache
 from .._sql import ops as ops_sql
 from ..jobs import registry
 from ..models import QueueModel
@@ -67,8 +66,7 @@ def count_sql(
     return sql, [moment if index in moving else param for index, param in enumerate(params)]
 
 
-@resets_with_settings
-@functools.lru_cache(maxsize=256)
+@cache(maxsize=256)
 def _count_template(
     model: type[models.Model], using: str, cap: int | None, done: bool
 ) -> tuple[str, list[Any], frozenset[int]]:
