@@ -236,7 +236,8 @@ def test_a_small_old_due_row_threshold_reports_a_row_due_a_few_seconds_ago(setti
     assert (finding.queue, finding.severity) == ("reminders.Reminder", "warning")
     assert 5 <= finding.age_seconds < 60
     code, out, _ = fabrika_job("status", "--json")
-    assert code == 0 and [h["check"] for h in json.loads(out)["health"]] == ["old_due_row"]
+    # Only old_due_row is this test's: earlier tests' drains may have left a queue table's dead tuples (queue_bloat).
+    assert code == 0 and "old_due_row" in [h["check"] for h in json.loads(out)["health"]]
 
 
 @pytest.mark.django_db
