@@ -122,13 +122,15 @@ def _cut_the_holder(  # noqa: PLR0913 - the experiment's whole setting, passed o
     lab = Lab(url, time.monotonic() + minutes * 60)
     _reset()
     _fill(rows)
-    remote = Worker(remote_url, wrapper=host.wrapper, LAB_ACK_LOG=folder / "ack-remote.log")
+    # 20 ms a row: the drain outlasts the other worker's start and the cut, however small the run.
+    pace = {"LAB_ITEM_SECONDS": 0.02}
+    remote = Worker(remote_url, wrapper=host.wrapper, LAB_ACK_LOG=folder / "ack-remote.log", **pace)
     lab.workers.append(remote)
     lab.wait(remote.started, "the namespaced worker to start")
     began = timezone.now()
     kick("lab_chaos")
     lab.wait(lambda: _holder_pid("lab_chaos") == remote.pid and Effect.objects.exists(), "the remote holder")
-    local = lab.worker(LAB_ACK_LOG=folder / "ack-local.log")
+    local = lab.worker(LAB_ACK_LOG=folder / "ack-local.log", **pace)
     time.sleep(lease / 2)  # the holder goes on working; the other worker waits its turn
     host.cut()
     cut_at = time.monotonic()
