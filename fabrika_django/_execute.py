@@ -32,7 +32,7 @@ from django.db import connections
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
 from ._runs.fence import LeaseFence
-from ._runs.rows import valid_until
+from ._runs.rows import LEASE_MARGIN_SECONDS, valid_until
 from ._sql import fence as fence_sql
 from .context import AbortSignal, JobContext
 from .exceptions import FabrikaError
@@ -118,6 +118,13 @@ def _watch(
         if stop is not None and stop.is_set():
             signal.abort("shutdown")
         if signal.aborted:
+            break
+        if fence.ran_out() and signal.remaining() > LEASE_MARGIN_SECONDS:
+            # Too late to renew (the process was frozen, or its renewals failed): the lease may have been
+            # another's meanwhile, and the fence refuses every commit from here on. A late renewal that still
+            # found the token would let the attempt go on as if it had never stopped. (The last grant before the
+            # deadline runs out a margin before it: that attempt ends timed_out, below.)
+            signal.abort("lease_lost")
             break
         if time.monotonic() >= next_renewal:
             sent = time.monotonic()

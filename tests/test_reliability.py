@@ -82,6 +82,30 @@ def test_a_run_cut_off_by_a_frozen_worker_leaves_the_job_pending_and_its_rows_ge
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_attempt_frozen_past_its_lease_is_over_even_when_nobody_took_the_lease():
+    # lab_patient waits on ctx.signal and writes nothing, so only the renewing thread acts once the process
+    # goes on: a late renewal that still finds the token must not carry the attempt on as if it never stopped.
+    reasons = Path(tempfile.mkdtemp()) / "reasons"
+    worker = WorkerProcess("--only", "lab_patient", LAB_PATIENT_SECONDS=60, LAB_SIGNAL_FILE=str(reasons), **SHORT)
+    try:
+        _started(worker)
+        kick("lab_patient")
+        wait_until(lambda: Mark.objects.filter(job="lab_patient").exists(), workers=[worker], what="its start")
+        worker.signal(signal.SIGSTOP)
+        wait_until(lambda: _lease_expired("lab_patient"), what="the frozen worker's lease to expire")
+        worker.signal(signal.SIGCONT)
+        wait_until(
+            lambda: Attempt.objects.filter(job="lab_patient", outcome="lease_lost").exists(),
+            timeout=15,
+            workers=[worker],
+            what="the frozen attempt to end lease_lost",
+        )
+    finally:
+        worker.kill()
+    assert reasons.read_text().split()[1:] == ["lease_lost"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_takeover_that_finds_the_holder_back_coalesces_and_leaves_the_job_pending(monkeypatch):
     from django.conf import settings as django_settings
     from django.test import override_settings

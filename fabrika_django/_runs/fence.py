@@ -42,10 +42,14 @@ class LeaseFence:
         #: is the same one), built at its first transaction: the same bytes for every transaction of the attempt.
         self._begin_queries: dict[int, tuple[Any, bytes]] = {}
 
+    def ran_out(self) -> bool:
+        """True once the time the last renewal covers has passed: from then on the lease counts as lost."""
+        return time.monotonic() >= self.valid_until
+
     def check(self) -> None:
         """Raise if the attempt ended or its lease may have expired."""
         self.signal.throw_if_aborted()
-        if time.monotonic() >= self.valid_until:
+        if self.ran_out():
             raise LeaseLost(
                 "The attempt's lease may have expired (it was not renewed in time): nothing was written; "
                 "the next run picks up."
