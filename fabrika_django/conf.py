@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     # The health codes' thresholds, by name (old_due_row_seconds, old_transaction_seconds, ...): None or a dict of
     # those changed; fabrika_django._health.HEALTH_DEFAULTS has every key and its default.
     "HEALTH": None,
+    # Let the commits that count an attempt (a run's start, a task's start, the kicks taken) skip PostgreSQL's WAL
+    # flush: lower latency, but a database crash may then rerun a job or task without counting the attempt.
+    "ASYNC_BOOKKEEPING_COMMITS": False,
 }
 
 

@@ -82,7 +82,7 @@ def test_inside_a_transaction_the_statement_runs_as_it_is(lab_stamp_rows):
         assert pending()
 
 
-def test_the_start_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was(lab_stamp_rows):
+def test_the_start_in_one_prepared_statement_leaves_the_session_as_it_was(lab_stamp_rows):
     Job.objects.filter(name="lab_stamp").update(pending_since=None)
     request_run("lab_stamp")
     start = run_start.Start(job="lab_stamp", trigger="kick", holder="t", seconds=30, max_attempt=1, mark_pending=False)
@@ -103,7 +103,7 @@ def test_named_parameters_get_one_number_each_in_order_of_first_use():
     assert _prepared.fetchone(connection, "SELECT %(b)s::int, %(a)s::int, %(b)s::int", {"a": 1, "b": 2}) == (2, 1, 2)
 
 
-def test_the_tasks_claim_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was():
+def test_the_tasks_claim_in_one_prepared_statement_leaves_the_session_as_it_was():
     from django.utils import timezone
 
     from fabrika_django._runs.task_claim import _claim_sql

@@ -8,7 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..conf import settings
 from . import table
+
+
+def bookkeeping_commit() -> str:
+    """A FROM item that lets this transaction's commit skip the WAL flush, where the settings allow it; else "".
+
+    The commits that start a run, take kicks and start tasks count attempts. By default they are durable: a
+    database crash never forgets an attempt that ran, so a task that crashes the server still reaches its
+    ``max_attempts``. ``FABRIKA["ASYNC_BOOKKEEPING_COMMITS"] = True`` trades that for a flush less on the way
+    from a kick to its handler (``synchronous_commit`` off for that transaction only): a crash within the WAL
+    writer's delay may then rerun a job or task without counting the attempt. The answer is read when the
+    statement is built; the statements are cached by ``_sql.cache``, which a settings change empties.
+    """
+    if not settings.ASYNC_BOOKKEEPING_COMMITS:
+        return ""
+    return ", (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
 
 
 def job_lock_bounded(connection: Any) -> str:
@@ -61,16 +77,15 @@ def kick_cte(connection: Any) -> str:
 def take_kicks(connection: Any) -> str:
     """PostgreSQL's ``take_kicks`` in one statement: the jobs taken, and those of them with a ``Job`` row.
 
-    Its commit does not wait for the WAL flush: lost in a database crash, it comes back as the kick rows it
-    deleted, which are taken again.
+    Its commit is a bookkeeping commit (``bookkeeping_commit``): lost in a database crash, it comes back as the
+    kick rows it deleted, which are taken again.
     """
     kicks, jobs = table(connection, "KickRequest"), table(connection, "Job")
     return (
         f"WITH taken AS (DELETE FROM {kicks} WHERE id IN (SELECT id FROM {kicks} "  # noqa: S608  quoted names
         "WHERE job = ANY(%(names)s) FOR UPDATE SKIP LOCKED) RETURNING job, created), "
         "firsts AS (SELECT job, min(created) AS created FROM taken GROUP BY job), "
-        f"marked AS (UPDATE {jobs} AS job SET pending_since = firsts.created FROM firsts, "
-        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
+        f"marked AS (UPDATE {jobs} AS job SET pending_since = firsts.created FROM firsts{bookkeeping_commit()} "
         "WHERE job.name = firsts.job AND job.pending_since IS NULL RETURNING job.name) "
         f"SELECT array_agg(firsts.job), array_agg(firsts.job) FILTER (WHERE EXISTS "
         f"(SELECT 1 FROM {jobs} WHERE name = firsts.job)) FROM firsts"
@@ -107,11 +122,8 @@ def free_lease_start(
     it ends. Kick rows are taken only under the Job row's lock (the ``EXISTS`` on ``locked``): a job without a
     row yet keeps them for the general path.
 
-    Its commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction
-    only), which saves a flush on the path from a kick to its handler. Losing it in a database crash loses
-    nothing: the kick rows it took come back, as does the pending flag, with the lease free, so the job runs
-    again; and every later durable commit (the handler's first ``ctx.transaction()``, a mail's ledger row)
-    flushes this one first, since the WAL is written in order.
+    Its commit counts the run's first attempt, so it waits for the WAL flush like any other commit unless
+    ``ASYNC_BOOKKEEPING_COMMITS`` says otherwise (``bookkeeping_commit``).
 
     ``claim``: a first claim's WITH items and answer (``_running.CLAIMS_AT_START``); the statement then answers
     one row per row claimed (one with nulls when none was), each with the Attempt and Lease ids first.
@@ -128,8 +140,7 @@ def free_lease_start(
         else ""
     )
     return (
-        f"WITH locked AS (SELECT name, pending_since FROM {job_table}, "  # noqa: S608  quoted names
-        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
+        f"WITH locked AS (SELECT name, pending_since FROM {job_table}{bookkeeping_commit()} "  # noqa: S608
         f"WHERE name = %(name)s FOR UPDATE OF {job_table}), "
         f"kicks AS (DELETE FROM {kick_table} WHERE id IN (SELECT id FROM {kick_table} WHERE job = %(name)s "
         "FOR UPDATE SKIP LOCKED) AND EXISTS (SELECT 1 FROM locked) RETURNING created), "

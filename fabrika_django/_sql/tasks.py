@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import table
-from .runs import kick_cte
+from .runs import bookkeeping_commit, kick_cte
 
 #: The claim's order of the rows it answers: the claim index's (higher priority, then due, then enqueue order).
 CLAIM_ORDER = "picked.priority DESC, picked.due, picked.id"
@@ -62,8 +62,7 @@ def claim_ctes(connection: Any, due_now: str, *, start: bool) -> str:
         )
     joined = "picked LEFT JOIN first_task ON first_task.id = picked.id" if start else "picked"
     return (
-        f"picked AS (SELECT id, priority, due FROM {tasks}, "  # noqa: S608  quoted names
-        "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
+        f"picked AS (SELECT id, priority, due FROM {tasks}{bookkeeping_commit()} "  # noqa: S608  quoted names
         f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} {gate}"
         f"ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE OF {tasks} SKIP LOCKED), "
         + ("first_task AS (SELECT id FROM picked ORDER BY priority DESC, due, id LIMIT 1), " if start else "")

@@ -39,6 +39,7 @@ _VALUE_RULES: dict[str, tuple[Any, str]] = {
     "STORE_ERROR_MESSAGES": (lambda v: isinstance(v, bool), "True or False"),
     "OWN_MAIL_SENDER": (lambda v: v is None or isinstance(v, str), "None or a dotted path to a factory"),
     "ENFORCE_ACTIONS": (lambda v: isinstance(v, bool), "True or False"),
+    "ASYNC_BOOKKEEPING_COMMITS": (lambda v: isinstance(v, bool), "True or False"),
     "METRICS_TOKEN": (
         lambda v: v is None or isinstance(v, str) and len(v) >= 32,
         "None, or a random string of 32 characters or more (e.g. from secrets.token_urlsafe())",
