@@ -110,6 +110,8 @@ FABRIKA = {
     "LEASE_SECONDS": env.int("FABRIKA_LEASE_SECONDS", default=30),
     # Empty: the worker polls (a database behind a transaction pooler, where LISTEN cannot work).
     "LISTEN_DATABASE": env("FABRIKA_LISTEN_DATABASE", default="default") or None,
+    # The benches compare durable bookkeeping commits (the default) with the faster opt-in.
+    "ASYNC_BOOKKEEPING_COMMITS": env.bool("FABRIKA_ASYNC_BOOKKEEPING_COMMITS", default=False),
 }
 
 # Django tasks on fabrika's worker: built into Django 6.0+, the django-tasks backport on 5.2 (the "tasks" extra).

@@ -19,8 +19,9 @@ def bookkeeping_commit() -> str:
     database crash never forgets an attempt that ran, so a task that crashes the server still reaches its
     ``max_attempts``. ``FABRIKA["ASYNC_BOOKKEEPING_COMMITS"] = True`` trades that for a flush less on the way
     from a kick to its handler (``synchronous_commit`` off for that transaction only): a crash within the WAL
-    writer's delay may then rerun a job or task without counting the attempt. The answer is read when the
-    statement is built; the statements are cached by ``_sql.cache``, which a settings change empties.
+    writer's delay may then rerun a job or task without counting the attempt. Read as the statement is built:
+    the start's and take_kicks' at each call, the tasks' claim once per ``_sql.cache`` (emptied when settings
+    change).
     """
     if not settings.ASYNC_BOOKKEEPING_COMMITS:
         return ""
