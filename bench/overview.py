@@ -102,7 +102,7 @@ def _fill_history(cursor, rows: int) -> None:
 
 
 def _queue_labels() -> list[str]:
-    from fabrika_django.ops._report import queue_models
+    from fabrika_django.ops._counts import queue_models
 
     return [model._meta.label for model in queue_models()]
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from django.utils import timezone
 
     from fabrika_django.admin._overview import DONE_COUNT_CAP
-    from fabrika_django.ops._report import count_queue, count_sql
+    from fabrika_django.ops._counts import count_queue, count_sql
     from testproject.lab.models import Item
 
     with connection.cursor() as cursor:
@@ -238,8 +238,8 @@ def _bench_sampling(model, repeat: int) -> None:
     from django.utils import timezone
 
     from fabrika_django.models import FoldedHour, QueueSample
+    from fabrika_django.ops._counts import count_sql
     from fabrika_django.ops._history import FOLD_GRACE, fold_hours, hour_slots, take_samples
-    from fabrika_django.ops._report import count_sql
 
     def sample(refold: bool) -> None:
         now = timezone.now()

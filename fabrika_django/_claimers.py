@@ -9,18 +9,29 @@ every job that ever claimed that table.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from django.db import DatabaseError, models
 
-from ._running import framework_write
+from ._running import ActiveRun, framework_write
 
 logger = logging.getLogger(__name__)
 
 
+@contextmanager
+def remembering_claims(run: ActiveRun) -> Iterator[None]:
+    """Remember, when the block ends, the tables ``run`` claimed from in it (see ``remember_claims``)."""
+    try:
+        yield
+    finally:
+        if run.claimed:
+            remember_claims(run.job.name, run.claimed)
+
+
 def remember_claims(job: str, claimed: Iterable[tuple[str, str]]) -> None:
     """Record that ``job`` claimed from each (alias, queue label); a known pair costs nothing but the statement."""
-    from .models import Claimer
+    from .models._tables import Claimer
 
     try:
         with framework_write():
@@ -35,7 +46,7 @@ def kick_claimers(model: type[models.Model], *, using: str | None = None) -> lis
     """Kick (on commit) every registered job that has claimed rows of ``model``; return their names, sorted."""
     from .jobs import registry
     from .kicks import kick
-    from .models import Claimer
+    from .models._tables import Claimer
 
     known = {job.name for job in registry}
     names = Claimer.objects.using(using).filter(queue=model._meta.label).values_list("job", flat=True)

@@ -29,12 +29,14 @@ from typing import Any
 from django.db import connection as default_connection
 from django.db import connections
 
+from ._claimers import remembering_claims
 from ._handlers import handler_threads
 from ._running import ActiveRun, is_ctrl_c, running
 from ._runs.fence import LeaseFence
 from ._runs.rows import LEASE_MARGIN_SECONDS, valid_until
+from ._signal import AbortSignal
 from ._sql import fence as fence_sql
-from .context import AbortSignal, JobContext
+from .context import JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard
 from .jobs import CronJob
@@ -82,7 +84,8 @@ def execute(
 
 def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], box: _Box) -> None:
     try:
-        with running(ActiveRun(job=job, clock=clock, context=ctx)), write_guard():
+        run = ActiveRun(job=job, clock=clock, context=ctx)
+        with remembering_claims(run), running(run), write_guard():
             job.func(ctx)
         box.aborted_before_return = ctx.signal.aborted
         box.returned = True

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from ._claimers import remembering_claims
 from ._running import ActiveRun, running
 from .guards import write_guard
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 _Task = tuple[Future, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -30,10 +31,13 @@ _Task = tuple[Future, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 class RunExecutor(Executor):
     """A ``concurrent.futures.Executor`` whose threads run inside the attempt (write guard, fenced transactions)."""
 
-    def __init__(self, ctx: JobContext, max_workers: int) -> None:
+    def __init__(self, new_run: Callable[[], ActiveRun], opened: list[BaseDatabaseWrapper], max_workers: int) -> None:
+        """``new_run()`` makes each thread's active run; each thread's connections go into ``opened``, the
+        attempt's list, so the runner can cut them off with the handler's."""
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
             raise ValueError(f"ctx.executor(max_workers={max_workers!r}): give a whole number of threads, at least 1.")
-        self._ctx = ctx
+        self._new_run = new_run
+        self._opened = opened
         self._max_workers = max_workers
         self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -48,7 +52,7 @@ class RunExecutor(Executor):
             future: Future = Future()
             self._tasks.put((future, fn, args, kwargs))
             if len(self._threads) < self._max_workers:
-                thread = threading.Thread(target=self._work, name=f"fabrika-{self._ctx.job.name}", daemon=True)
+                thread = threading.Thread(target=self._work, name="fabrika-executor", daemon=True)
                 self._threads.append(thread)
                 thread.start()
         return future
@@ -76,10 +80,10 @@ class RunExecutor(Executor):
                 task[0].cancel()
 
     def _work(self) -> None:
-        ctx = self._ctx
-        ctx._pool_connections.extend(connections[alias] for alias in connections)
+        self._opened.extend(connections[alias] for alias in connections)
         try:
-            with running(ActiveRun(job=ctx.job, clock=ctx.now, context=ctx)), write_guard():
+            run = self._new_run()
+            with remembering_claims(run), running(run), write_guard():
                 while (task := self._tasks.get()) is not None:
                     future, fn, args, kwargs = task
                     if not future.set_running_or_notify_cancel():

@@ -9,9 +9,10 @@ brings the row back, or it is dead at once when no retry can help.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .exceptions import (
     CapabilityRefused,
@@ -25,7 +26,8 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from ._signal import AbortSignal
+    from .mail import Mailer
 
 # These end the attempt, not the row: its abort (deadline, lost lease, shutdown), and a broken rule of the
 # job's own code or declarations, which every later row would break too.
@@ -41,8 +43,23 @@ _ATTEMPT_ENDS = (
 _OWN_FIELDS = ("attempts", "due", "version", "last_failure")
 
 
+class _Attempt(Protocol):
+    """What a row's work needs of the attempt's ``JobContext`` (context.py, which calls this module)."""
+
+    @property
+    def signal(self) -> AbortSignal: ...
+
+    @property
+    def log(self) -> logging.LoggerAdapter[Any]: ...
+
+    @property
+    def mail(self) -> Mailer: ...
+
+    def transaction(self, using: str | None = None) -> AbstractContextManager[None]: ...
+
+
 @contextmanager
-def row_work(ctx: JobContext, row: Any, step: str, give_up: bool) -> Iterator[Any]:
+def row_work(ctx: _Attempt, row: Any, step: str, give_up: bool) -> Iterator[Any]:
     """The body of ``JobContext.row``: see its docstring."""
     from ._running import active_run
     from .models import FAILURE_CODE, QueueModel
@@ -71,12 +88,12 @@ def row_work(ctx: JobContext, row: Any, step: str, give_up: bool) -> Iterator[An
         _record(ctx, row, step, error, give_up=give_up or _refused_mail(ctx, error), claimed=claimed)
 
 
-def _refused_mail(ctx: JobContext, error: Exception) -> bool:
+def _refused_mail(ctx: _Attempt, error: Exception) -> bool:
     """True for a mail error ``ctx.mail.may_retry`` refuses: sending again cannot help (or could send twice)."""
     return isinstance(error, EmailDeliveryError) and not ctx.mail.may_retry(error)
 
 
-def _record(ctx: JobContext, row: Any, step: str, error: Exception, *, give_up: bool, claimed: dict[str, Any]) -> None:
+def _record(ctx: _Attempt, row: Any, step: str, error: Exception, *, give_up: bool, claimed: dict[str, Any]) -> None:
     """Keep ``step`` on the row, as it was claimed; log ids, the step and the class; never the message."""
     current = {name: getattr(row, name) for name in _OWN_FIELDS}
     # The row's own transaction rolled back (or never began): the row is as it was claimed, whatever the object

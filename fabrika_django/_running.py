@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connections
 from django.utils import timezone
 
-if TYPE_CHECKING:
-    from .jobs import CronJob
+from .jobs import CronJob
 
 _local = threading.local()
 
@@ -100,13 +99,7 @@ def running(run: ActiveRun) -> Iterator[ActiveRun]:
     try:
         yield run
     finally:
-        try:
-            if run.claimed:
-                from ._claimers import remember_claims
-
-                remember_claims(run.job.name, run.claimed)
-        finally:
-            _local.run = previous
+        _local.run = previous
 
 
 @contextmanager

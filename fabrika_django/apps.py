@@ -15,6 +15,7 @@ class FabrikaConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  registers the system checks
         from .jobs import registry
+        from .ops import _jobs  # noqa: F401  registers fabrika's own jobs
 
         # Like admin.autodiscover(): every installed app's jobs.py registers its @cron jobs.
         autodiscover_modules("jobs", register_to=registry)

@@ -1,10 +1,8 @@
-"""JobContext: what a job's handler receives, and the abort signal of its attempt."""
+"""JobContext: what a job's handler receives."""
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import Executor
@@ -15,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction as db_transaction
 
-from ._running import active_run, framework_write
-from .exceptions import AttemptTimedOut, LeaseLost, UndeclaredKick, WorkerStopping
+from ._running import ActiveRun, active_run, framework_write
+from ._signal import AbortSignal as AbortSignal  # its home is _signal; projects and tests know it from here
+from .exceptions import UndeclaredKick
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -30,61 +29,6 @@ if TYPE_CHECKING:
     from .tokens import Tokens
 
 logger = logging.getLogger("fabrika_django.jobs")
-
-_ABORT_ERRORS: dict[str, type[LeaseLost]] = {
-    "timed_out": AttemptTimedOut,
-    "lease_lost": LeaseLost,
-    "shutdown": WorkerStopping,
-}
-_ABORT_MESSAGES = {
-    "timed_out": "The attempt ran past its timeout",
-    "lease_lost": "The attempt's lease is no longer its own",
-    "shutdown": "The worker is stopping",
-}
-
-
-class AbortSignal:
-    """Aborts when the attempt ends: its deadline, a lost lease, or the worker's shutdown.
-
-    The deadline is checked whenever the signal is read, so it holds even without a timer thread.
-    """
-
-    def __init__(self, deadline: float) -> None:
-        self._event = threading.Event()
-        self._deadline = deadline  # time.monotonic() value
-        self.reason: str | None = None
-
-    def abort(self, reason: str) -> None:
-        """End the attempt with ``reason`` ("timed_out", "lease_lost" or "shutdown"); the first reason stays."""
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
-
-    @property
-    def aborted(self) -> bool:
-        """Whether the attempt has ended (its deadline passed, its lease was lost, or the worker is stopping)."""
-        if not self._event.is_set() and time.monotonic() >= self._deadline:
-            self.abort("timed_out")
-        return self._event.is_set()
-
-    def throw_if_aborted(self) -> None:
-        """Raise the attempt's end (AttemptTimedOut, LeaseLost or WorkerStopping) if it has come."""
-        if self.aborted:
-            reason = self.reason or "lease_lost"
-            raise _ABORT_ERRORS.get(reason, LeaseLost)(
-                f"{_ABORT_MESSAGES.get(reason, 'The attempt ended')}: start no new effect; the next run picks up."
-            )
-
-    def remaining(self) -> float:
-        """Return the seconds left before the deadline (0 once aborted): give it to a call as its timeout."""
-        if self.aborted:
-            return 0.0
-        return max(0.0, self._deadline - time.monotonic())
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` or until the attempt is aborted; return whether it was aborted."""
-        self._event.wait(min(seconds, max(0.0, self._deadline - time.monotonic())))
-        return self.aborted
 
 
 class _JobLogAdapter(logging.LoggerAdapter):
@@ -175,7 +119,9 @@ class JobContext:
         """
         from ._pool import RunExecutor
 
-        return RunExecutor(self, max_workers)
+        return RunExecutor(
+            lambda: ActiveRun(job=self.job, clock=self.now, context=self), self._pool_connections, max_workers
+        )
 
     def row(self, row: QueueModel, step: str, *, give_up: bool = False) -> AbstractContextManager[None]:
         """One claimed row's work: an exception inside is the row's failure, not the attempt's.
@@ -213,14 +159,14 @@ class JobContext:
         """The job's mailer (jobs that declare ``mailer``)."""
         from .mail import mailer_for
 
-        return mailer_for(self)
+        return mailer_for(self.job, self.mail_mode, self.signal)
 
     @cached_property
     def tokens(self) -> Tokens:
         """Signed tokens for the purposes the job declares in ``signs``."""
-        from .tokens import tokens_for
+        from .tokens import Tokens
 
-        return tokens_for(self)
+        return Tokens(self.job.name, self.job.signs, self.now)
 
     def url(self, name: str, *, query: dict[str, object] | None = None, kwargs: dict[str, object] | None = None) -> str:
         """Return an absolute URL of the application's view ``name``, from the BASE_URL setting."""
@@ -232,4 +178,4 @@ class JobContext:
         """Make an HTTPS request to one of the job's declared ``egress`` origins, within the attempt's time."""
         from .egress import fetch_for
 
-        return fetch_for(self)(method, url, **options)
+        return fetch_for(self.job.name, self.job.egress, self.signal, self.log)(method, url, **options)

@@ -16,23 +16,22 @@ import functools
 import http.client
 import io
 import json as jsonlib
+import logging
 import re
 import socket
 import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 
+from ._signal import AbortSignal
 from .exceptions import EgressRefused, FabrikaError, FetchError
-
-if TYPE_CHECKING:
-    from .context import JobContext
 
 #: Tests point this at an SSL context that trusts their own certificate; None uses the system's trust store.
 _ssl_context: ssl.SSLContext | None = None
@@ -56,10 +55,12 @@ class FetchResponse:
         return jsonlib.loads(self.body)
 
 
-def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
-    """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None, max_bytes=10 MiB)``."""
-    job = ctx.job
-    allowed = frozenset(job.egress)  # @cron normalised each with origin_of()
+def fetch_for(
+    job_name: str, origins: Iterable[str], signal: AbortSignal, log: logging.LoggerAdapter[Any]
+) -> Callable[..., FetchResponse]:
+    """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None, max_bytes=10 MiB)`` for
+    the job's declared ``origins`` (which @cron normalised with origin_of()), within the attempt's ``signal``."""
+    allowed = frozenset(origins)
 
     def fetch(
         method: str,
@@ -71,16 +72,16 @@ def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
         timeout: float | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> FetchResponse:
-        origin = _checked_origin(job.name, url, allowed)
+        origin = _checked_origin(job_name, url, allowed)
         body, content_type = _body(json, data)
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"timeout={timeout!r} is not valid: give seconds above 0, or None for the time left.")
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
             raise ValueError(f"max_bytes={max_bytes!r} is not valid: give a whole number of bytes above 0.")
         checked = _checked_headers(headers or {})
-        left = ctx.signal.remaining()
+        left = signal.remaining()
         if left <= 0:  # 0 means the attempt ended (aborted, or its deadline passed): raise that end
-            ctx.signal.throw_if_aborted()
+            signal.throw_if_aborted()
         limit = left if timeout is None else min(timeout, left)
         request = urllib.request.Request(url, data=body, method=method.upper())
         for name, value in checked:
@@ -88,7 +89,7 @@ def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
         if content_type and not request.has_header("Content-type"):
             request.add_header("Content-type", content_type)
         deadline = _Deadline(limit)
-        opener = _opener(job.name, allowed, deadline)
+        opener = _opener(job_name, allowed, deadline)
         try:
             with deadline:
                 try:
@@ -110,13 +111,13 @@ def fetch_for(ctx: JobContext) -> Callable[..., FetchResponse]:
             raise  # EgressRefused from a redirect is a PermissionError, hence an OSError: keep it as it is
         except (URLError, HTTPException, OSError) as error:
             # Past the deadline the attempt is over: say so rather than blame the network.
-            ctx.signal.throw_if_aborted()
+            signal.throw_if_aborted()
             # A socket the deadline shut down fails in whatever way it was reading: name the cause.
             reason = "TimeoutError" if deadline.passed else type(getattr(error, "reason", None) or error).__name__
             # No `from error`: its text may quote the URL, and a chained cause gets logged with tracebacks.
             message = f"{request.get_method()} to {origin} failed ({reason}): retry later, or check it is reachable."
             raise FetchError(message, origin=origin, reason=reason) from None
-        ctx.log.debug("Fetched method=%s origin=%s status=%d", request.get_method(), origin, response.status)
+        log.debug("Fetched method=%s origin=%s status=%d", request.get_method(), origin, response.status)
         return response
 
     return fetch

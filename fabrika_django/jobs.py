@@ -6,15 +6,12 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-from .conf import settings
+from .egress import origin_of
 from .exceptions import UnknownJob
 from .schedule import Schedule, period_of
-
-if TYPE_CHECKING:
-    from .context import JobContext
 
 MAX_TIMEOUT = timedelta(days=1)
 DEFAULT_TIMEOUT = timedelta(minutes=15)
@@ -24,7 +21,8 @@ MAILERS = ("installation", "own")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _PERMISSION = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 
-Handler = Callable[["JobContext"], Any]
+#: A job's function: it takes the attempt's ``JobContext`` (typed loosely here: context.py is built on this module).
+Handler = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class CronJob:
         """Return the base of a claimed row's backoff: the schedule's period, or one minute."""
         return period_of(self.schedule)
 
-    def __call__(self, ctx: JobContext) -> Any:
+    def __call__(self, ctx: Any) -> Any:
         return self.func(ctx)
 
 
@@ -194,8 +192,6 @@ def _names(argument: str, values: Iterable[str]) -> tuple[str, ...]:
 
 def _check_origin(origin: str) -> str:
     """Return the origin in the one form ``ctx.fetch`` compares URLs with (lower case, no ``:443``)."""
-    from .egress import origin_of
-
     try:
         normal = origin_of(origin)
         parts = urlsplit(origin)
@@ -215,89 +211,3 @@ def _check_permission(permission: str) -> str:
 def task_job_name(backend: str, queue: str) -> str:
     """Return the name of the built-in job serving a Django task backend's queue, e.g. ``tasks.default.emails``."""
     return f"tasks.{backend}.{queue}"
-
-
-# -- fabrika's own jobs ------------------------------------------------------------------------------------
-
-_PRUNE_BATCH = 1000
-
-
-@cron("17 3 * * *", name="fabrika_prune_history", timeout=timedelta(hours=1))
-def prune_history(ctx: JobContext) -> None:
-    """Delete attempt history, queue samples and folded hours older than ``RUN_HISTORY_DAYS``, mail ledger keys
-    older than ``MAIL_LEDGER_DAYS`` and Django tasks finished more than ``TASK_RESULT_DAYS`` ago, in batches."""
-    # Both import the models: this module is imported before the app registry is ready.
-    from ._runs import reads as run_reads
-    from .ops import _history
-
-    cutoff = ctx.now() - timedelta(days=settings.RUN_HISTORY_DAYS)
-    pruned = _in_batches(ctx, lambda: run_reads.prune_attempts(cutoff, _PRUNE_BATCH))
-    samples = _in_batches(ctx, lambda: _history.prune_samples(cutoff, _PRUNE_BATCH))
-    folds = _in_batches(ctx, lambda: _history.prune_folds(cutoff, _PRUNE_BATCH))
-    ctx.log.debug(
-        "Pruned attempts=%d samples=%d folds=%d older_than_days=%d", pruned, samples, folds, settings.RUN_HISTORY_DAYS
-    )
-    _prune_mail_ledger(ctx)
-    _prune_task_results(ctx)
-
-
-def _in_batches(ctx: JobContext, delete_batch: Callable[[], int]) -> int:
-    """Call ``delete_batch`` in a fenced transaction of its own until it deletes nothing; return the total."""
-    total = 0
-    while True:
-        ctx.signal.throw_if_aborted()
-        with ctx.transaction():
-            deleted = delete_batch()
-        if not deleted:
-            return total
-        total += deleted
-
-
-def _prune_task_results(ctx: JobContext) -> None:
-    """Delete the Django tasks (fabrika_django.tasks) that finished more than ``TASK_RESULT_DAYS`` ago."""
-    from .models import QueuedTask  # as above: the models need the app registry
-
-    finished = QueuedTask.objects.filter(finished_at__lt=ctx.now() - timedelta(days=settings.TASK_RESULT_DAYS))
-
-    def delete_batch() -> int:
-        batch = list(finished.order_by("pk").values_list("pk", flat=True)[:_PRUNE_BATCH])
-        return QueuedTask.objects.filter(pk__in=batch).delete()[0] if batch else 0
-
-    pruned = _in_batches(ctx, delete_batch)
-    ctx.log.debug("Pruned tasks=%d older_than_days=%d", pruned, settings.TASK_RESULT_DAYS)
-
-
-def _prune_mail_ledger(ctx: JobContext) -> None:
-    """Forget mail ledger keys older than ``MAIL_LEDGER_DAYS`` (a repeat after that sends again), in batches."""
-    from .models import SentMail
-
-    old = SentMail.objects.filter(created__lt=ctx.now() - timedelta(days=settings.MAIL_LEDGER_DAYS))
-
-    def delete_batch() -> int:
-        batch = list(old.order_by("created").values_list("pk", flat=True)[:_PRUNE_BATCH])  # the created index
-        return SentMail.objects.filter(pk__in=batch).delete()[0] if batch else 0
-
-    pruned = _in_batches(ctx, delete_batch)
-    ctx.log.debug("Pruned ledger_rows=%d older_than_days=%d", pruned, settings.MAIL_LEDGER_DAYS)
-
-
-@cron("43 4 * * *", name="fabrika_sweep_files", timeout=timedelta(hours=1))
-def sweep_files(ctx: JobContext) -> None:
-    """Delete the files no file column references, when ``FILE_SWEEP`` turns the sweep on (see ``_sweep``)."""
-    from .ops._sweep_job import run_in_job
-
-    run_in_job(ctx)
-
-
-@cron("*/5 * * * *", name="fabrika_sample_queues", timeout=timedelta(minutes=4))
-def sample_queues(ctx: JobContext) -> None:
-    """Record each queue table's waiting, due-now and dead counts, for the overview's charts and health; and
-    fold the attempts of each hour just over into the charts' hourly rows."""
-    from .ops import _history  # it imports the models, as above
-
-    now = ctx.now()
-    samples = _history.take_samples(now)  # counted outside the transaction: it holds only the insert
-    with ctx.transaction():
-        _history.save_samples(samples)
-        folded = _history.fold_hours(now)
-    ctx.log.debug("Sampled queues=%d folded_hours=%d", len(samples), folded)

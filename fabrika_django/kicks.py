@@ -63,7 +63,7 @@ def kick(name: str, *, using: str | None = None) -> None:
 
 def _kick_alias(using: str | None) -> str:
     """The database a kick is written to: ``using``, else where the router writes kick rows."""
-    from .models import KickRequest  # not at import: the package root imports this module before models load
+    from .models._tables import KickRequest  # not at import: the package root imports this module before models load
 
     return using or router.db_for_write(KickRequest)
 

@@ -22,9 +22,10 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from .ops._metrics import require_prometheus
-from .ops._metrics_http import bearer_matches
-from .ops._report import count_queue, job_states, queue_models
+from ._metrics import require_prometheus
+from ._metrics_http import bearer_matches
+from .ops._counts import count_queue, queue_models
+from .ops._report import job_states
 
 _client = require_prometheus()  # routing the view without the extra fails at start-up, saying what to install
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402  after the check above

@@ -21,6 +21,9 @@ from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from ._queuestate import max_attempts_of as max_attempts_of
 from ._queuestate import state_q
 from ._running import active_run
+
+# Up a floor, into the run machinery's folder: claim() is the queryset's verb, and its pipeline lives with
+# the runs it serves (_runs/claim.py imports only fabrika's own tables, never this module's importers).
 from ._runs import claim as run_claim
 from ._sql import cache_dict, quoted
 from ._sql import rows as row_sql

@@ -23,6 +23,7 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from . import _metrics
 from ._execute import execute
 from ._running import LaneDemand
 from ._runs import lease as run_lease
@@ -30,12 +31,12 @@ from ._runs import rows as run_rows
 from ._runs import start as run_start
 from ._runs.fence import LeaseFence
 from ._runs.rows import inline_lease_seconds, lease_seconds, valid_until
+from ._signal import AbortSignal
 from .backoff import retry_pause
 from .conf import settings
-from .context import AbortSignal, JobContext
+from .context import JobContext
 from .jobs import CronJob, registry
 from .models import Outcome, Trigger
-from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from django.core import signing
@@ -18,9 +18,6 @@ from django.utils import timezone
 
 from .conf import settings
 from .exceptions import CapabilityRefused, TokenExpired, TokenInvalid
-
-if TYPE_CHECKING:
-    from .context import JobContext
 
 #: The longest life a token may be given: ten years.
 MAX_DAYS = 3650
@@ -85,10 +82,6 @@ class Tokens:
                 f"add it to @cron(..., signs=[{purpose!r}]).",
                 missing=f"signs:{purpose}",
             )
-
-
-def tokens_for(ctx: JobContext) -> Tokens:
-    return Tokens(ctx.job.name, ctx.job.signs, ctx.now)
 
 
 def absolute_url(name: str, *, query: Mapping[str, Any] | None = None, kwargs: Mapping[str, Any] | None = None) -> str:

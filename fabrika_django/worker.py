@@ -38,7 +38,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import _db_failure, runner
+from . import _db_failure, _metrics, runner
 from ._handlers import close_quietly, handler_threads
 from ._listen import Backoff, Listener
 from ._process import configure_logging, stop_signals
@@ -50,7 +50,6 @@ from .conf import settings
 from .jobs import CronJob, registry
 from .kicks import request_run
 from .models import Outcome, Trigger
-from .ops import _metrics
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +342,7 @@ class Worker:
             # cleared the flag as it started (after the kick), or sees it when it ends. A fire joins as pending.
             # A takeover that finds the lease renewed after all (its holder came back) coalesces and leaves the
             # job pending, as a fire does: the holder's run may have been cut off meanwhile.
-            with _metrics.run_in_progress(name, trigger, holder):
+            with _metrics.run_in_progress(name, run_reads.KickWait(name, holder) if trigger == Trigger.KICK else None):
                 result = runner.run(
                     self.jobs[name],
                     Trigger.KICK if trigger == _TAKEOVER else trigger,

@@ -26,7 +26,7 @@ from fabrika_django.admin import QueueModelAdmin, QueueModelAdminMixin, StateLis
 from fabrika_django.admin._jobs import describe_schedule
 from fabrika_django.jobs import registry
 from fabrika_django.models import Attempt, Job, KickRequest, Lease, QueueModel
-from fabrika_django.ops._report import count_queue, count_sql, queue_models
+from fabrika_django.ops._counts import count_queue, count_sql, queue_models
 from fabrika_django.schedule import Schedule
 from testproject.outbox.models import OutboxMail, Registration
 from testproject.reminders.admin import ReminderAdmin
@@ -768,7 +768,7 @@ def test_count_queue_answers_an_aware_oldest_due_on_every_backend():
 @pytest.mark.parametrize("cap", [None, 10])
 @pytest.mark.parametrize("done", [True, False])
 def test_the_count_statement_compiled_once_takes_each_moment_as_compiling_it_then_would(cap, done):
-    from fabrika_django.ops._report import _compile_count
+    from fabrika_django.ops._counts import _compile_count
 
     for now in (timezone.now(), timezone.now() - timedelta(days=400, microseconds=7)):
         assert count_sql(Reminder, now, "default", cap, done=done) == _compile_count(

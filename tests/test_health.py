@@ -39,7 +39,7 @@ def _vacuum_queue_tables():
     """What a healthy database looks like: earlier tests' rolled-back rows are dead tuples until vacuumed."""
     if connection.vendor != "postgresql":
         return
-    from fabrika_django.ops._report import queue_models
+    from fabrika_django.ops._counts import queue_models
 
     with connection.cursor() as cursor:
         for model in queue_models():

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fabrika_django import _digest
 from fabrika_django.admin._pictures import job_pictures
 from fabrika_django.models import Attempt, AttemptHour, FoldedHour, QueueSample
-from fabrika_django.ops import _digest, _history
+from fabrika_django.ops import _history
 from fabrika_django.ops._charts import Series, lines, stacked_bars
 from fabrika_django.ops._history import FOLD_GRACE, HOURS, fold_hours, hour_slots, job_hours, queue_hours
 

@@ -3,6 +3,8 @@
 - Every statement on ``Job``, ``Lease`` and ``Attempt`` rows is written in the run machinery (``_runs/``) or the
   SQL home (``_sql/``): no manager of those models, no table name of theirs, anywhere else.
 - A queue row's states are defined once, in ``_queuestate.py``: no other module spells a state's condition.
+- The package's modules import each other without a circle: every import counts, inside a function and under
+  ``TYPE_CHECKING`` too, since a reader follows those as well.
 """
 
 import ast
@@ -232,6 +234,75 @@ def test_the_sql_home_s_caches_are_emptied_by_a_settings_change():
     assert calls == ["a", "a"]
 
 
+def test_the_modules_import_each_other_without_a_circle():
+    circles = [sorted(circle) for circle in _circles(_import_graph(_modules())) if len(circle) > 1]
+    assert not circles, "\n".join(["modules that import each other in a circle:", *map(", ".join, circles)])
+
+
+def _module_name(relative: str) -> str:
+    name = relative.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__") if name != "__init__" else ""
+
+
+def _import_graph(modules: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """Each module's name inside the package, and the package's modules it imports."""
+    imports = {_module_name(relative): _imported(relative, source) for relative, source in modules}
+    return {name: {_module_of(target, imports) for target in targets} for name, targets in imports.items()}
+
+
+def _module_of(name: str, modules: dict[str, set[str]]) -> str:
+    """The module that ``name`` (a module, or a name defined in one) stands in: its longest prefix that is one."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imported(relative: str, source: str) -> set[str]:
+    """The package's modules that ``relative`` imports anywhere in it, by dotted name inside the package."""
+    here = _module_name(relative).split(".") if relative != "__init__.py" else []
+    package = here if relative.endswith("__init__.py") else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            stem = [*base, *(node.module.split(".") if node.module else [])]
+            found.update(".".join([*stem, alias.name]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found.update(name.removeprefix("fabrika_django.") for name in names if name.startswith("fabrika_django."))
+    return found
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected parts of ``graph`` (Tarjan's algorithm), names not in the graph left out."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[set[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in graph[name]:
+            if target not in graph or target == name:
+                continue
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            part = set()
+            while (top := stack.pop()) != name:
+                part.add(top)
+            parts.append({*part, name})
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return parts
+
+
 def test_the_layout_checks_find_what_they_look_for():
     # A check that cannot fail is a defect: each rule finds what it forbids, and lets pass what it allows.
     assert _reads_as_sql("SELECT 1")
@@ -252,3 +323,17 @@ def test_the_layout_checks_find_what_they_look_for():
     ]
     allowed = "from ._sql import cache, cache_dict\n_A = cache_dict()\n@cache(maxsize=2)\ndef f(): pass\n"
     assert _caches_without_a_reset("x.py", allowed) == []
+    # An import inside a function or under TYPE_CHECKING ties two modules as much as one at the top.
+    knot = [
+        ("a.py", "from .b import x\n"),
+        ("b.py", "def f():\n    from .c import y\n"),
+        ("c.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"),
+        ("d.py", "from .a import x\n"),
+    ]
+    assert [sorted(part) for part in _circles(_import_graph(knot)) if len(part) > 1] == [["a", "b", "c"]]
+    assert all(len(part) == 1 for part in _circles(_import_graph(knot[1:])))  # without a.py, no circle
+    imported = _imported("_runs/claim.py", "from ..models._tables import Job\nfrom .. import _digest\n")
+    assert {_module_of(name, {"models": set(), "models._tables": set(), "_digest": set()}) for name in imported} == {
+        "models._tables",
+        "_digest",
+    }

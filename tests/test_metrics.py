@@ -11,9 +11,9 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabrika_django import kick, runner
+from fabrika_django import _metrics, kick, runner
+from fabrika_django._runs import reads as run_reads
 from fabrika_django.models import Job, KickRequest
-from fabrika_django.ops import _metrics
 from fabrika_django.testing import run_job
 from testproject.lab.models import Item, Mark
 from testproject.reminders.models import Reminder
@@ -104,7 +104,7 @@ def test_a_kick_whose_run_takes_its_kick_row_itself_is_timed_from_that_row(monke
     assert KickRequest.objects.filter(job="lab_stamp").exists()
     assert Job.objects.get(name="lab_stamp").pending_since is None
     holder = runner.default_holder()
-    with _metrics.run_in_progress("lab_stamp", "kick", holder):
+    with _metrics.run_in_progress("lab_stamp", run_reads.KickWait("lab_stamp", holder)):
         assert runner.run("lab_stamp", "kick", holder=holder).ok
     assert not KickRequest.objects.filter(job="lab_stamp").exists()  # the run's start took it
     count = instruments.registry.get_sample_value("fabrika_kick_start_latency_seconds_count", {"job": "lab_stamp"})

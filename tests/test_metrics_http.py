@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from django.test import override_settings
 
-from fabrika_django.ops import _metrics, _metrics_http
+from fabrika_django import _metrics, _metrics_http
 
 from .test_commands import fabrika_job
 

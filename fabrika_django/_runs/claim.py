@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, router, transaction
 from django.db.models import Q
 
-from .. import _channel
+from .. import _channel, _metrics
 from .._queuestate import max_attempts_of, state_sql
 from .._running import framework_write
 from .._sql import SAMPLE_NOW, cache_dict, prepared, quoted
@@ -29,7 +29,6 @@ from .._sql import claim as claim_sql
 from .._sql import rows as row_sql
 from .._sql.rows import db_pks
 from ..backoff import row_backoffs
-from ..ops import _metrics
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -79,7 +78,7 @@ def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
     """Tell the run what its claim said about the backlog; a full claim asks for one more lane ."""
     demand = getattr(run.context, "_demand", None)
     if demand is not None and demand.claimed(count, limit):
-        from .pending import ask_for_lane  # it imports the models, which import this module's importer
+        from .pending import ask_for_lane  # on use: it imports the models, whose QueueModel imports this module
 
         ask_for_lane(run.job.name, run.job.lanes)
 
@@ -140,7 +139,7 @@ def _claim_in_one(
         last,
     ]
     if folds_ask:
-        from .pending import lane_ask  # it imports the models, which import this module's importer
+        from .pending import lane_ask  # on use: it imports the models, whose QueueModel imports this module
 
         params += [*lane_ask(using, run.job.name, run.job.lanes)[1], limit, _channel.CHANNEL, run.job.name]
     with framework_write(), transaction.mark_for_rollback_on_error(using):
@@ -158,7 +157,7 @@ def _claim_in_one(
 
 def _job_alias() -> str:
     """The database of the jobs' tables, where a lane ask writes."""
-    from ..models import Job  # here: the models import queues, which imports this module
+    from ..models._tables import Job  # on use, as above
 
     return router.db_for_write(Job)
 

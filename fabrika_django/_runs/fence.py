@@ -10,8 +10,8 @@ from typing import Any
 from django.db import connection as default_connection
 from django.db import connections, router
 
+from .._signal import AbortSignal
 from .._sql import fence as fence_sql
-from ..context import AbortSignal
 from ..exceptions import LeaseLost
 
 logger = logging.getLogger("fabrika_django.runner")
@@ -58,7 +58,7 @@ class LeaseFence:
     def hold(self, using: str | None) -> None:
         """Lock the lease row for the rest of the transaction, or raise LeaseLost if it is not ours."""
         # Imported here: this module is imported with the package, before the app registry is ready.
-        from ..models import Lease
+        from ..models._tables import Lease
 
         connection = connections[using or router.db_for_write(Lease)]
         if connection.vendor == "postgresql":
@@ -93,7 +93,7 @@ class LeaseFence:
 
         On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).
         """
-        from ..models import Lease
+        from ..models._tables import Lease
 
         token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
         return fence_sql.hold_lease(connection), [self.lease_id, token]

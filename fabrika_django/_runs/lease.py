@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from .._running import framework_write
 from .._sql import fence as fence_sql
-from ..models import Attempt, Job, Lease, Outcome
+from ..models._tables import Attempt, Job, Lease, Outcome
 from .fence import lock_fences
 from .pending import is_pending, notify
 from .rows import CUT_OFF, FREE, Started, expires_in, lease_active, lock_job, own_row

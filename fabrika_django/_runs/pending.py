@@ -18,7 +18,7 @@ from .._channel import CHANNEL
 from .._running import framework_write
 from .._sql import cache_dict, prepared
 from .._sql import runs as run_sql
-from ..models import Job, KickRequest, Lease
+from ..models._tables import Job, KickRequest, Lease
 
 logger = logging.getLogger("fabrika_django.runner")
 

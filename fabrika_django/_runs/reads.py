@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,9 +12,9 @@ from django.db import connection as default_connection
 from django.db.models import Count, Exists, Min, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 
+from .. import _digest
 from .._sql import runs as run_sql
-from ..models import Attempt, Job, KickRequest, Lease, Outcome
-from ..ops import _digest
+from ..models._tables import Attempt, Job, KickRequest, Lease, Outcome
 from .pending import waiting_kicks
 from .rows import lanes_of, lease_active
 
@@ -164,6 +165,20 @@ def first_attempt_started(name: str, holder: str, since: datetime) -> datetime |
     """Return the start of ``holder``'s first attempt of a run of ``name`` that started at ``since`` or later."""
     started = Attempt.objects.filter(job=name, holder=holder, number=1, started__gte=since).order_by("started")
     return started.values_list("started", flat=True).first()
+
+
+@dataclass(frozen=True)
+class KickWait:
+    """The reads that time a kicked run's wait (the worker's metric ``fabrika_job_kick_latency_seconds``)."""
+
+    job: str
+    holder: str
+
+    def kicked(self) -> datetime | None:
+        return kicked_since(self.job)
+
+    def started(self, kicked: datetime) -> datetime | None:
+        return first_attempt_started(self.job, self.holder, kicked)
 
 
 def attempt_hours_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:

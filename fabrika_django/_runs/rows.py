@@ -18,7 +18,7 @@ from .._running import framework_write
 from .._sql import runs as run_sql
 from ..conf import settings
 from ..jobs import registry
-from ..models import Job, Lease, Outcome
+from ..models._tables import Job, Lease, Outcome
 
 logger = logging.getLogger("fabrika_django.runner")
 

@@ -20,7 +20,7 @@ from .._running import CLAIMS_AT_START, framework_write
 from .._sql import prepared
 from .._sql import runs as run_sql
 from ..jobs import registry
-from ..models import Attempt, Job, Lease, Outcome
+from ..models._tables import Attempt, Job, Lease, Outcome
 from .fence import end_frozen_fences, lock_fences
 from .lease import mark_crashed
 from .pending import take_kicks

@@ -17,6 +17,7 @@ from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
 
+from .. import _metrics
 from .._queuestate import max_attempts_of, state_sql
 from .._running import active_run, framework_write
 from .._sql import SAMPLE_NOW, Compiled, cache, prepared
@@ -24,7 +25,6 @@ from .._sql import tasks as task_sql
 from .._tasks_compat import (
     task_backends,
 )
-from ..ops import _metrics
 from .claim import backoffs
 
 logger = logging.getLogger(__name__)

@@ -36,6 +36,9 @@ from .._tasks_compat import (
 )
 from ..conf import settings
 from ..exceptions import VersionConflict
+
+# Up a floor: a task run that leaves tasks behind asks for another run, as a kick does (kicks.py sits on the
+# run machinery's pending flag, so the folder stands under it).
 from ..kicks import request_run
 from .task_claim import _claim, _claimed_at_start
 

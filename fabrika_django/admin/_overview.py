@@ -21,7 +21,8 @@ from .._queuestate import STATES
 from ..jobs import registry
 from ..models import Overview
 from ..ops import _health
-from ..ops._report import QueueCounts, count_queue, job_states, queue_models
+from ..ops._counts import QueueCounts, count_queue, queue_models
+from ..ops._report import job_states
 from ._pictures import job_pictures, queue_pictures
 from ._queues import _relative
 

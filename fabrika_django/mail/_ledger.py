@@ -48,7 +48,7 @@ class Ledger:
 
     def reserve(self, provider: str, *, deduplicates: bool) -> SendResult | None:
         """Mark the key ``sending``; answer the earlier acceptance instead, or refuse, when it was used."""
-        from ..models import SentMail
+        from ..models._tables import SentMail
 
         for _ in range(3):  # a concurrent try can move the row between the read and the write
             if self._insert_sending(provider):
@@ -92,7 +92,7 @@ class Ledger:
         from django.db import connections, router
         from django.utils import timezone
 
-        from ..models import SentMail
+        from ..models._tables import SentMail
 
         alias = router.db_for_write(SentMail)
         connection = connections[alias]
@@ -122,7 +122,7 @@ class Ledger:
     def accepted(self, result: SendResult) -> None:
         from django.utils import timezone
 
-        from ..models import SentMail
+        from ..models._tables import SentMail
 
         with framework_write():  # one statement: its own transaction
             SentMail.objects.filter(key_hash=self.key_hash).update(
@@ -134,13 +134,13 @@ class Ledger:
 
     def release(self) -> None:
         """Forget the reservation: the message did not leave, so the next try sends it afresh."""
-        from ..models import SentMail
+        from ..models._tables import SentMail
 
         with framework_write():
             SentMail.objects.filter(key_hash=self.key_hash, state="sending", content_hash=self.content_hash).delete()
 
     def _move(self, old: str, new: str) -> bool:
-        from ..models import SentMail
+        from ..models._tables import SentMail
 
         with framework_write():
             return bool(SentMail.objects.filter(key_hash=self.key_hash, state=old).update(state=new))

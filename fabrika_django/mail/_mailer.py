@@ -41,7 +41,8 @@ from ._envelope import Envelope
 from ._ledger import Ledger, SendResult, check_key, key_hash
 
 if TYPE_CHECKING:
-    from ..context import JobContext
+    from .._signal import AbortSignal
+    from ..jobs import CronJob
 
 logger = logging.getLogger("fabrika_django.mail")
 
@@ -78,7 +79,7 @@ def _installation_backend() -> Any:
 class Mailer:
     """``ctx.mail``: ``available``, ``send(...)`` and ``may_retry(error)`` over the job's transport."""
 
-    def __init__(self, *, job_name: str, mailer: str, mode: str | None, signal: Any) -> None:
+    def __init__(self, *, job_name: str, mailer: str, mode: str | None, signal: AbortSignal) -> None:
         self._job_name = job_name
         self._mailer = mailer
         self._mode = mode
@@ -295,15 +296,15 @@ def _connect(backend: Any, seconds: float) -> None:
     backend.open()
 
 
-def mailer_for(ctx: JobContext) -> Mailer:
+def mailer_for(job: CronJob, mode: str | None, signal: AbortSignal) -> Mailer:
     """Return ``ctx.mail`` for a job that declares ``mailer``; refuse for one that does not."""
-    if ctx.job.mailer is None:
+    if job.mailer is None:
         raise CapabilityRefused(
-            f"Job '{ctx.job.name}' has no ctx.mail: declare @cron(..., mailer='installation') "
+            f"Job '{job.name}' has no ctx.mail: declare @cron(..., mailer='installation') "
             "(Django's EMAIL_BACKEND) or mailer='own' (the OWN_MAIL_SENDER factory).",
             missing="mailer",
         )
-    return Mailer(job_name=ctx.job.name, mailer=ctx.job.mailer, mode=ctx.mail_mode, signal=ctx.signal)
+    return Mailer(job_name=job.name, mailer=job.mailer, mode=mode, signal=signal)
 
 
 def _raise_for_send_failure(error: Exception, ledger: Ledger) -> None:

@@ -11,6 +11,8 @@ from django.utils.translation import gettext_lazy as _
 
 from .._queuestate import waiting_q
 from ..jobs import registry, task_job_name
+
+# Up a floor: a requeued task kicks its queue's job (kicks.py writes fabrika's own tables, in this folder).
 from ..kicks import kick
 from ..queues import QueueManager, QueueQuerySet, _now
 from ._queue import QueueModel

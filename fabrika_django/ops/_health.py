@@ -21,8 +21,8 @@ from .._runs import reads as run_reads
 from .._sql import ops as sql
 from ..conf import settings
 from ..jobs import registry
-from ..models import Job
-from . import _report  # the module, not its names: _report imports this one too
+from ..models._tables import Job
+from . import _counts
 from ._history import dead_at_last_look
 
 
@@ -133,7 +133,7 @@ class Finding:
 def health_report(
     now: datetime,
     *,
-    counts: dict[str, _report.QueueCounts] | None = None,
+    counts: dict[str, _counts.QueueCounts] | None = None,
     thresholds: Thresholds | None = None,
 ) -> list[Finding]:
     """Return every finding, errors first. ``counts``: queue counts already read (by label), to read them once;
@@ -141,7 +141,7 @@ def health_report(
     if thresholds is None:
         thresholds = configured_thresholds()
     if counts is None:
-        counts = {model._meta.label: _report.count_queue(model, now, done=False) for model in _report.queue_models()}
+        counts = {model._meta.label: _counts.count_queue(model, now, done=False) for model in _counts.queue_models()}
     findings = [
         *_stuck_leases(now),
         *_overdue_jobs(now, thresholds),
@@ -221,7 +221,7 @@ def _overdue_jobs(now: datetime, thresholds: Thresholds) -> list[Finding]:
     return findings
 
 
-def _dead_rows_grew(now: datetime, counts: dict[str, _report.QueueCounts], thresholds: Thresholds) -> list[Finding]:
+def _dead_rows_grew(now: datetime, counts: dict[str, _counts.QueueCounts], thresholds: Thresholds) -> list[Finding]:
     """A queue table with more dead rows than at the last look (its oldest sample of the last hour)."""
     before = dead_at_last_look(list(counts), now, thresholds.last_look)
     findings = []
@@ -242,7 +242,7 @@ def _dead_rows_grew(now: datetime, counts: dict[str, _report.QueueCounts], thres
     return findings
 
 
-def _old_due_rows(now: datetime, counts: dict[str, _report.QueueCounts], thresholds: Thresholds) -> list[Finding]:
+def _old_due_rows(now: datetime, counts: dict[str, _counts.QueueCounts], thresholds: Thresholds) -> list[Finding]:
     """A queue table whose oldest due row has waited longer than the threshold."""
     findings = []
     for label, counted in sorted(counts.items()):
@@ -273,7 +273,7 @@ def _postgresql_aliases(models_: list[type[models.Model]]) -> list[str]:
 def queue_bloat(thresholds: Thresholds) -> list[Finding]:
     """PostgreSQL: a queue table whose dead tuples (left by claims and finishes) vacuum has not removed."""
     by_alias: dict[str, dict[str, str]] = {}
-    for model in _report.queue_models():
+    for model in _counts.queue_models():
         alias = router.db_for_read(model)
         if connections[alias].vendor == "postgresql":
             by_alias.setdefault(alias, {})[model._meta.db_table] = model._meta.label
@@ -304,7 +304,7 @@ def queue_bloat(thresholds: Thresholds) -> list[Finding]:
 def _old_transactions(thresholds: Thresholds) -> list[Finding]:
     """PostgreSQL: a session whose open transaction holds back vacuum's horizon on fabrika's database."""
     findings = []
-    for alias in _postgresql_aliases([Job, *_report.queue_models()]):
+    for alias in _postgresql_aliases([Job, *_counts.queue_models()]):
         with connections[alias].cursor() as cursor:
             cursor.execute(sql.POSTGRESQL_OLD_TRANSACTIONS, [thresholds.old_transaction.total_seconds()])
             rows = cursor.fetchall()

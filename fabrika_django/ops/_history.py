@@ -19,9 +19,10 @@ from django.db import connections, router
 from django.db.models import Max
 from django.db.models.functions import TruncHour
 
+from .. import _digest
 from .._runs import reads as run_reads
-from ..models import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
-from . import _digest, _report  # modules, not their names: _report imports this one (through _health)
+from ..models._tables import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
+from . import _counts
 
 HOURS = 24
 
@@ -238,8 +239,8 @@ def take_samples(now: datetime) -> list[QueueSample]:
     Answers unsaved rows: the sampling job saves them inside ``ctx.transaction()``.
     """
     samples = []
-    for model in _report.queue_models():
-        counts = _report.count_queue(model, now, done=False)
+    for model in _counts.queue_models():
+        counts = _counts.count_queue(model, now, done=False)
         samples.append(
             QueueSample(
                 queue=model._meta.label,

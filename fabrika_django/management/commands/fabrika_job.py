@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fabrika_django import kicks, runner, worker
+from fabrika_django import _metrics, kicks, runner, worker
 from fabrika_django._process import stop_signals
 from fabrika_django._requeue import RunningTasks, requeue_rows
 from fabrika_django._sessions import bound_idle_transactions
@@ -29,7 +29,7 @@ from fabrika_django.jobs import registry
 from fabrika_django.management import _show
 from fabrika_django.management._show import usage as _usage
 from fabrika_django.models import QueueModel
-from fabrika_django.ops import _metrics, _report, _sweep_job
+from fabrika_django.ops import _report, _sweep_job
 
 from ..._runs import pending as run_pending
 

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from ..conf import settings
+from .conf import settings
 
 logger = logging.getLogger("fabrika_django.metrics")
 

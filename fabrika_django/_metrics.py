@@ -12,7 +12,8 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -122,9 +123,17 @@ def observe_claim(job: str, rows: int) -> None:
         instruments.claim_rows.labels(job).observe(rows)
 
 
+class KickReads(Protocol):
+    """The two reads that time a kick's wait for its run's start (``_runs.reads.KickWait``)."""
+
+    def kicked(self) -> datetime | None: ...
+
+    def started(self, kicked: datetime) -> datetime | None: ...
+
+
 @contextmanager
-def run_in_progress(job: str, trigger: str, holder: str) -> Iterator[None]:
-    """Count the run as in progress; for a kick's run, record how long the kick waited for its start.
+def run_in_progress(job: str, kick: KickReads | None) -> Iterator[None]:
+    """Count the run as in progress; for a kick's run (``kick``), record how long the kick waited for its start.
 
     The wait is the first attempt's ``started`` less when the kick came as the run found it (the job's
     ``pending_since``, else its oldest kick row's ``created``): written by the database's clock on PostgreSQL,
@@ -134,15 +143,17 @@ def run_in_progress(job: str, trigger: str, holder: str) -> Iterator[None]:
     if instruments is None:
         yield
         return
-    kicked = _quietly(_kicked_since, job) if trigger == "kick" else None
+    kicked = _quietly(kick.kicked) if kick is not None else None
     gauge = instruments.in_progress.labels(job)
     gauge.inc()
     try:
         yield
     finally:
         gauge.dec()
-        if kicked is not None:
-            _quietly(_observe_kick_latency, instruments, job, holder, kicked)
+        if kick is not None and kicked is not None:
+            started = _quietly(kick.started, kicked)
+            if started is not None:
+                instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())
 
 
 def _quietly(read: Any, *args: Any) -> Any:
@@ -152,19 +163,3 @@ def _quietly(read: Any, *args: Any) -> Any:
     except Exception as exc:
         logger.warning("Metrics read failed error=%s", type(exc).__name__)
         return None
-
-
-def _kicked_since(job: str) -> Any:
-    from .._runs import (
-        reads as run_reads,  # it imports the models; this module is imported before the app registry is ready
-    )
-
-    return run_reads.kicked_since(job)
-
-
-def _observe_kick_latency(instruments: _Instruments, job: str, holder: str, kicked: Any) -> None:
-    from .._runs import reads as run_reads  # as above
-
-    started = run_reads.first_attempt_started(job, holder, kicked)
-    if started is not None:
-        instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())
