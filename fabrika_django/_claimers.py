@@ -15,18 +15,21 @@ from contextlib import contextmanager
 from django.db import DatabaseError, models
 
 from ._running import ActiveRun, framework_write
+from ._runs.wake import wake_for_rows_due_again
 
 logger = logging.getLogger(__name__)
 
 
 @contextmanager
 def remembering_claims(run: ActiveRun) -> Iterator[None]:
-    """Remember, when the block ends, the tables ``run`` claimed from in it (see ``remember_claims``)."""
+    """When the block ends, remember the tables ``run`` claimed from in it (``remember_claims``), and wake a
+    kick-only job when the rows it claimed come due again (``_runs.wake``)."""
     try:
         yield
     finally:
         if run.claimed:
             remember_claims(run.job.name, run.claimed)
+            wake_for_rows_due_again(run.job, run.claimed, run.now())
 
 
 def remember_claims(job: str, claimed: Iterable[tuple[str, str]]) -> None:

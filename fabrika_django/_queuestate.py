@@ -68,6 +68,11 @@ def dead_q(max_attempts: int) -> Q:
     return NOT_DONE & Q(attempts__gte=max_attempts)
 
 
+def due_again_q(model: type[models.Model], now: datetime) -> Q:
+    """Return the waiting rows that a claim took before and that come due again after ``now`` (their backoff)."""
+    return waiting_q(max_attempts_of(model)) & Q(attempts__gt=0, due__gt=now)
+
+
 def not_done_q(model: type[models.Model]) -> Q:
     """Return waiting or dead rows as the two partial indexes' predicates, so a scan of both serves it."""
     return state_q(model, "waiting") | state_q(model, "dead")

@@ -110,7 +110,7 @@ def cron(
 ) -> Callable[[Handler], CronJob]:
     """Declare the decorated function a cron job running on ``schedule``: five cron fields in UTC (minute hour
     day-of-month month day-of-week), such as ``'15 * * * *'``, or a macro such as ``'@hourly'``; None for a job that
-    runs only when kicked.
+    runs only when kicked (and when rows it claimed come due again after their backoff).
 
     Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it (a bad
     schedule: the job and the expression).

@@ -236,10 +236,10 @@ class Worker:
         now = self._now()
         for name, state in states.items():
             job = self.jobs[name]
-            if job.schedule is None or self._stop.is_set():
-                continue
             fire = state["next_fire"]
-            if fire is None or job.schedule.next_after(fire - _TICK) != fire:
+            if self._stop.is_set() or (job.schedule is None and fire is None):
+                continue
+            if job.schedule is not None and (fire is None or job.schedule.next_after(fire - _TICK) != fire):
                 # A new job, or its schedule changed: its first fire is the next one from now.
                 fresh = job.schedule.next_after(now)
                 run_reads.take_fire(name, fire, fresh)
@@ -250,9 +250,10 @@ class Worker:
             local = self._running[name] > 0
             if not local and self._busy >= self.concurrency:
                 continue  # another worker, or this one later, takes the fire
-            # Exactly one worker moves next_fire from the value it read: that one owns this fire.
-            # Fires missed while no worker ran are all behind now: one run makes them up.
-            following = job.schedule.next_after(now)
+            # Exactly one worker moves next_fire from the value it read: that one owns this fire (a kick-only
+            # job's wake, _runs.wake, fires once and is cleared). Fires missed while no worker ran are all
+            # behind now: one run makes them up.
+            following = job.schedule.next_after(now) if job.schedule is not None else None
             if not run_reads.take_fire(name, fire, following):
                 continue
             state["next_fire"] = following

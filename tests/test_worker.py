@@ -23,7 +23,7 @@ from fabrika_django._runs import lease as run_lease
 from fabrika_django.models import Attempt, Job, KickRequest, Lease
 from fabrika_django.testing import FixedClock, run_job
 from fabrika_django.worker import Worker
-from testproject.lab.models import Mark
+from testproject.lab.models import Item, Mark
 
 from .jobs_helpers import temporary_job
 from .workers import WorkerProcess, wait_until
@@ -166,6 +166,32 @@ def test_fires_missed_while_no_worker_ran_are_made_up_with_one_run():
     assert watch.dispatched == [("minutely", "schedule")]
     assert runs("minutely") == [("schedule", "succeeded")]
     assert Job.objects.get(name="minutely").next_fire == datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
+
+
+def test_a_kick_only_job_wakes_by_itself_when_a_row_it_failed_is_due_again():
+    clock = FixedClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+    Item.objects.create(n=1, due=clock())
+
+    def picky(ctx):
+        for row in Item.objects.claim(limit=10):
+            with ctx.row(row, step="first_try"):
+                if row.attempts == 1:
+                    raise RuntimeError("not yet")
+                with ctx.transaction():
+                    row.finish()
+
+    with temporary_job(picky, None), fast_poll(), watched_worker_thread(only=["picky"], clock=clock) as watch:
+        kick("picky")
+        wait_until(lambda: runs("picky") == [("kick", "succeeded")], what="the kicked run")
+        due_again = Item.objects.get().due
+        assert due_again == clock() + timedelta(minutes=1)  # the backoff of a job without a schedule
+        wait_until(lambda: Job.objects.get(name="picky").next_fire == due_again, what="the wake")
+        watch.a_full_scan()
+        assert watch.dispatched == [("picky", "kick")]  # nothing before the row is due
+        clock.advance(timedelta(minutes=1))
+        wait_until(lambda: Item.objects.done().exists(), what="the row done without a kick")
+    assert runs("picky") == [("kick", "succeeded"), ("schedule", "succeeded")]
+    assert Job.objects.get(name="picky").next_fire is None  # the wake fired once
 
 
 def test_a_fire_during_the_jobs_run_becomes_one_more_run_after_it():

@@ -74,7 +74,7 @@ def recent_attempts(name: str, count: int) -> list[Attempt]:
     return list(Attempt.objects.filter(job=name)[:count])
 
 
-def take_fire(name: str, read: datetime | None, following: datetime) -> bool:
+def take_fire(name: str, read: datetime | None, following: datetime | None) -> bool:
     """Move the job's next fire from the value ``read`` to ``following``; True if this call moved it.
 
     A compare-and-set: of all workers that read the same fire, exactly one owns it.
