@@ -4,10 +4,11 @@ A holder frozen inside a transaction (SIGSTOP, a long GC pause, a VM paused) kee
 stays frozen: the fence's lock on its lease row inside ``ctx.transaction()``, or a Job row between a run's
 start and end. What that blocks must stay bounded by about a lease. PostgreSQL's takeover ends such sessions
 itself (``_runs.fence.end_frozen_fences``, and the Job row's ``idle_in_transaction_session_timeout``). On
-MariaDB the server does it here: every connection of a fabrika process sets ``idle_transaction_timeout`` to two
-leases, so a transaction that sends no statement for that long has its connection closed and its locks freed.
-A live handler never sits that long inside ``ctx.transaction()`` without a statement unless it waits on
-something outside the database there, which holds the row locks it took for as long (the README says so).
+MariaDB the server does it here: every connection of a fabrika process sets ``idle_transaction_timeout`` to one
+lease, so a transaction that sends no statement for that long has its connection closed and its locks freed, about
+when the lease of a frozen holder expires and its takeover begins. A live handler never sits that long inside
+``ctx.transaction()`` without a statement unless it waits on something outside the database there, which holds
+the row locks it took for as long (the MariaDB how-to says so); on MariaDB it loses that transaction.
 MySQL has no such setting; SQLite's single writer has no sessions to end.
 """
 
@@ -32,8 +33,8 @@ def bound_idle_transactions() -> None:
 
 
 def idle_transaction_seconds() -> int:
-    """Two leases, in whole seconds (the server's unit)."""
-    return max(1, math.ceil(2 * float(settings.LEASE_SECONDS)))
+    """One lease, in whole seconds (the server's unit)."""
+    return max(1, math.ceil(float(settings.LEASE_SECONDS)))
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:

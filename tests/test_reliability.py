@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -372,10 +373,11 @@ def test_a_holder_frozen_inside_a_fenced_transaction_blocks_the_takeover_only_ab
             _started(second)
             first.signal(signal.SIGSTOP)
             stopped = time.monotonic()
-            # Bounded by the lease (2 s) on PostgreSQL, two leases on MariaDB (the server's idle-transaction
-            # timeout), then a poll and the start of a run; a loaded machine gets a margin, but a takeover that
-            # waits for the frozen transaction never comes while the holder stays frozen.
-            bound = 10 if connection.vendor == "postgresql" else 15
+            # Bounded by the lease (2 s: on PostgreSQL the takeover ends the frozen session, on MariaDB the
+            # server's idle-transaction timeout of one lease does), then a poll and the start of a run; a loaded
+            # machine gets a margin, but a takeover that waits for the frozen transaction never comes while the
+            # holder stays frozen.
+            bound = 10
             wait_until(
                 lambda: Mark.objects.filter(job="lab_hold", pid=second.pid).exists(),
                 timeout=bound,
@@ -390,6 +392,25 @@ def test_a_holder_frozen_inside_a_fenced_transaction_blocks_the_takeover_only_ab
                 second.kill()
     # The frozen attempt's transaction never committed: one start, the second worker's.
     assert list(Mark.objects.filter(job="lab_hold").values_list("pid", flat=True)) == [second.pid]
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_on_mariadb_a_fabrika_process_s_idle_transactions_end_after_one_lease(settings):
+    from fabrika_django._sessions import bound_idle_transactions
+
+    if "mariadb" not in connection.mysql_server_info.lower():
+        pytest.skip("MySQL has no idle_transaction_timeout: a frozen holder waits there until it resumes")
+    settings.FABRIKA = {**settings.FABRIKA, "LEASE_SECONDS": 7.5}
+    connection.ensure_connection()
+    try:
+        bound_idle_transactions()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@session.idle_transaction_timeout")
+            assert cursor.fetchone()[0] == 8  # one lease, in whole seconds: the frozen holder's bound is its lease
+    finally:  # the bound is a worker's: this test process's later connections go without it
+        connection_created.disconnect(dispatch_uid="fabrika_bound_idle_transactions")
+        connection.close()
 
 
 # -- 7. a requeue kicks the jobs that claim the table --------------------------------------------------
