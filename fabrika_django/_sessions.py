@@ -1,4 +1,5 @@
-"""Session settings of fabrika's own processes (the worker, ``fabrika_job run``): a bound on idle transactions.
+"""Session settings of fabrika's own processes (the worker, ``fabrika_job run``): bounds on a frozen or cut-off
+holder's session.
 
 A holder frozen inside a transaction (SIGSTOP, a long GC pause, a VM paused) keeps its locks for as long as it
 stays frozen: the fence's lock on its lease row inside ``ctx.transaction()``, or a Job row between a run's
@@ -10,6 +11,14 @@ when the lease of a frozen holder expires and its takeover begins. A live handle
 ``ctx.transaction()`` without a statement unless it waits on something outside the database there, which holds
 the row locks it took for as long (the MariaDB how-to says so); on MariaDB it loses that transaction.
 MySQL has no such setting; SQLite's single writer has no sessions to end.
+
+A holder cut off from the database (its host gone, a network partition) is idle in the server's eyes too, and
+when no other worker takes its lease over, nothing ends its session until the server's TCP keepalive notices,
+about two hours by the operating system's defaults. So on PostgreSQL every connection of a fabrika process sets
+the server's keepalives for its session: the first probe after a lease of silence, three more a third of a lease
+apart, and a lease for data left unacknowledged (``tcp_user_timeout``). A cut-off holder's session then ends,
+and its locks are freed, within about two leases of its last word. A connection through a Unix socket has no TCP
+to watch, and the server ignores the settings there.
 """
 
 from __future__ import annotations
@@ -41,7 +50,17 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     _bound(connection)
 
 
+def dead_client_settings() -> list[str]:
+    """PostgreSQL's keepalive idle, interval and count (seconds, seconds, probes) and user timeout (ms)."""
+    lease = max(1.0, float(settings.LEASE_SECONDS))
+    return [str(math.ceil(lease)), str(math.ceil(lease / 3)), "3", str(math.ceil(lease * 1000))]
+
+
 def _bound(connection: Any) -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql.POSTGRESQL_BOUND_DEAD_CLIENTS, dead_client_settings())
+        return
     if connection.vendor != "mysql" or "mariadb" not in connection.connection.get_server_info().lower():
         return
     with connection.cursor() as cursor:

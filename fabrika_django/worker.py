@@ -117,7 +117,7 @@ class Worker:
     def run(self) -> None:
         """Serve until stop() or SIGTERM/SIGINT; return once running attempts ended and leases are free."""
         configure_logging(self.verbosity)
-        bound_idle_transactions()  # a frozen worker's transactions end (MariaDB; PostgreSQL's takeover ends them)
+        bound_idle_transactions()  # a frozen or cut-off worker's sessions end on the server's side (_sessions)
         listener = Listener.if_configured(
             self._stop,
             on_kick=self._kicked,

@@ -413,6 +413,32 @@ def test_on_mariadb_a_fabrika_process_s_idle_transactions_end_after_one_lease(se
         connection.close()
 
 
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_the_server_ends_a_cut_off_fabrika_session_within_two_leases(settings):
+    from fabrika_django._sessions import bound_idle_transactions
+
+    settings.FABRIKA = {**settings.FABRIKA, "LEASE_SECONDS": 7.5}
+    connection.close()
+    try:
+        bound_idle_transactions()
+        connection.ensure_connection()  # a new connection: the bound comes with it
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), "
+                "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout'), "
+                "inet_client_addr() IS NOT NULL"
+            )
+            idle, interval, count, user_timeout, over_tcp = cursor.fetchone()
+        if not over_tcp:
+            pytest.skip("a Unix socket has no TCP keepalives: the server ignores the settings there")
+        # The first probe after a lease of silence, three a third of a lease apart: about two leases in all.
+        assert (idle, interval, count, user_timeout) == ("8", "3", "3", "7500")  # the last in milliseconds
+    finally:  # the bound is a worker's: this test process's later connections go without it
+        connection_created.disconnect(dispatch_uid="fabrika_bound_idle_transactions")
+        connection.close()
+
+
 # -- 7. a requeue kicks the jobs that claim the table --------------------------------------------------
 
 
