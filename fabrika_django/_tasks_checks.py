@@ -2,9 +2,10 @@
 
 Django runs each backend's own ``check()`` only where its tasks checks are registered: on Django 6.1 once
 something imported ``django.tasks``, on 5.2 when the backport's app is installed. So the mistake could pass
-``manage.py check`` and surface as the first enqueue's error. ``checks.py`` registers ``check_tasks_backends``, which
-reads ``TASKS`` without making a backend, and the backend's ``check()`` stays quiet wherever that one runs (here
-nothing is registered, so the backend may import this module).
+``manage.py check`` and surface as the first enqueue's error, which ``require_installed`` words as the check
+does. ``checks.py`` registers ``check_tasks_backends``, which reads ``TASKS`` without making a backend, and the
+backend's ``check()`` stays quiet wherever that one runs (here nothing is registered, so the backend may import
+this module).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ def not_installed(alias: str) -> checks.Error:
         hint="Add 'fabrika_django' to INSTALLED_APPS and run migrate.",
         id="fabrika.E040",
     )
+
+
+def require_installed(alias: str) -> None:
+    """Refuse to use the backend ``alias`` without fabrika_django installed: E040's words, as one line.
+
+    Where no tasks check ran (Django 6.x with nothing importing ``django.tasks`` when ``check`` ran), this is
+    where the mistake shows: the first enqueue, rather than a model's error about ``app_label``.
+    """
+    if not apps.is_installed("fabrika_django"):
+        error = not_installed(alias)
+        raise ImproperlyConfigured(f"{error.msg} {error.hint} ({error.id})")
 
 
 def check_tasks_backends(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -91,6 +91,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task's row in the current transaction and kick its queue's job when that commits."""
+        _tasks_checks.require_installed(self.alias)
         from .models import QueuedTask
 
         self.validate_task(task)
@@ -113,6 +114,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read the task's row; raise ``TaskResultDoesNotExist`` for an id no task has."""
+        _tasks_checks.require_installed(self.alias)
         from .models import QueuedTask
 
         try:
@@ -122,6 +124,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     async def aget_result(self, result_id: str) -> TaskResult:
         """See ``get_result()``."""
+        _tasks_checks.require_installed(self.alias)
         from .models import QueuedTask
 
         try:

@@ -71,3 +71,20 @@ def test_fabrikas_check_names_each_alias_of_its_backend_or_a_subclass_and_no_oth
         ]
     with override_settings(TASKS=backends):
         assert check_tasks_backends() == []  # installed
+
+
+def test_an_enqueue_without_fabrika_in_installed_apps_says_so_in_one_line(tmp_path):
+    # Where check ran no tasks check (Django 6.x, nothing imported django.tasks), the first enqueue says it.
+    _check(tmp_path, "django_tasks" if django.VERSION < (6,) else "shop")
+    tasks_module = "django.tasks" if django.VERSION >= (6,) else "django_tasks"
+    (tmp_path / "shop" / "tasks.py").write_text(f"from {tasks_module} import task\n\n\n@task\ndef ping():\n    pass\n")
+    script = "import django; django.setup(); from shop.tasks import ping; ping.enqueue()"
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="forgot_settings", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    ran = subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 1
+    assert ran.stderr.splitlines()[-1] == (
+        "django.core.exceptions.ImproperlyConfigured: TASKS['default'] is a FabrikaBackend, but fabrika_django is "
+        "not installed. Add 'fabrika_django' to INSTALLED_APPS and run migrate. (fabrika.E040)"
+    )
