@@ -31,7 +31,7 @@ from django.db import connections
 
 from ._claimers import remembering_claims
 from ._handlers import handler_threads
-from ._running import ActiveRun, is_ctrl_c, running
+from ._running import ActiveRun, AttemptState, is_ctrl_c, running
 from ._runs.fence import LeaseFence
 from ._runs.rows import LEASE_MARGIN_SECONDS, valid_until
 from ._signal import AbortSignal
@@ -64,6 +64,7 @@ def execute(
     ctx: JobContext,
     fence: LeaseFence,
     *,
+    state: AttemptState,
     inline: bool,
     stop: threading.Event | None,
     clock: Callable[[], datetime],
@@ -76,15 +77,15 @@ def execute(
     """
     box = _Box()
     if inline:
-        _call_handler(job, ctx, clock, box)
+        _call_handler(job, ctx, state, clock, box)
     else:
-        _watch(job, ctx, fence, box, stop, clock, lease_seconds, renew)
+        _watch(job, ctx, state, fence, box, stop, clock, lease_seconds, renew)
     return _outcome(ctx.signal, box), box.exception
 
 
-def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], box: _Box) -> None:
+def _call_handler(job: CronJob, ctx: JobContext, state: AttemptState, clock: Callable[[], datetime], box: _Box) -> None:
     try:
-        run = ActiveRun(job=job, clock=clock, context=ctx)
+        run = ActiveRun(job=job, clock=clock, context=ctx, state=state)
         with remembering_claims(run), running(run), write_guard():
             job.func(ctx)
         box.aborted_before_return = ctx.signal.aborted
@@ -94,17 +95,20 @@ def _call_handler(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], 
             raise
         box.exception = exc
     finally:
-        ctx._close()
+        state.close()
 
 
-def _in_handler_thread(job: CronJob, ctx: JobContext, clock: Callable[[], datetime], box: _Box) -> None:
+def _in_handler_thread(
+    job: CronJob, ctx: JobContext, state: AttemptState, clock: Callable[[], datetime], box: _Box
+) -> None:
     box.connections = [connections[alias] for alias in connections]
-    _call_handler(job, ctx, clock, box)
+    _call_handler(job, ctx, state, clock, box)
 
 
 def _watch(
     job: CronJob,
     ctx: JobContext,
+    state: AttemptState,
     fence: LeaseFence,
     box: _Box,
     stop: threading.Event | None,
@@ -114,7 +118,7 @@ def _watch(
 ) -> None:
     """Run the handler in a thread of its own; renew the lease, enforce the deadline, honour ``stop``."""
     signal: AbortSignal = ctx.signal
-    task = handler_threads.submit(lambda: _in_handler_thread(job, ctx, clock, box))
+    task = handler_threads.submit(lambda: _in_handler_thread(job, ctx, state, clock, box))
     renew_every = max(0.2, lease_seconds / _RENEW_FRACTION)
     next_renewal = time.monotonic() + renew_every
     while not task.done.wait(max(0.0, min(next_renewal - time.monotonic(), signal.remaining(), 0.25))):
@@ -139,7 +143,7 @@ def _watch(
             next_renewal = sent + renew_every
     if not task.done.is_set() and not task.done.wait(_ABORT_GRACE_SECONDS):
         task.abandoned = True
-        _cut_off(job, [*box.connections, *ctx._pool_connections])
+        _cut_off(job, [*box.connections, *state.pool_connections])
 
 
 def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:

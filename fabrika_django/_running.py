@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections
 from django.utils import timezone
 
 from .jobs import CronJob
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 _local = threading.local()
 
@@ -40,6 +43,39 @@ def is_ctrl_c(exc: BaseException) -> bool:
 CLAIMS_AT_START: dict[str, Callable[[Any, datetime, Any], tuple[str, str, dict[str, Any]]]] = {}
 
 
+class Fence(Protocol):
+    """The lease fence of an attempt (``_runs.fence.LeaseFence``), as the code that runs under it uses it."""
+
+    def check(self) -> None: ...
+
+    def hold(self, using: str | None) -> None: ...
+
+
+@dataclass
+class AttemptState:
+    """What the runner hands one attempt beside its ``JobContext``, for the framework's own code under it.
+
+    The context keeps it to itself; the claim, the tasks' queue and the runner's watch reach it through the
+    thread's active run (``ActiveRun.state``) or hold it from the start.
+    """
+
+    fence: Fence
+    #: What the run's claims say about its backlog (None outside the runner).
+    demand: LaneDemand | None = None
+    #: (alias, rows) a task queue's first claim answered in the run's start (``CLAIMS_AT_START``): the first
+    #: attempt's only, taken by its first claim.
+    claimed_at_start: tuple[str, list[tuple[Any, ...]]] | None = None
+    #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
+    pool_connections: list[BaseDatabaseWrapper] = field(default_factory=list)
+    #: What to close when the attempt ends (the mail transport's connection).
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Release what the attempt opened."""
+        for close in self.closers:
+            close()
+
+
 @dataclass
 class ActiveRun:
     """What the current thread is running."""
@@ -53,6 +89,8 @@ class ActiveRun:
     framework_writes: int = 0
     #: The JobContext, when there is one.
     context: Any = field(default=None, repr=False)
+    #: The attempt's own machinery, under the runner (None for a run made by hand, as the tests' and benches').
+    state: AttemptState | None = field(default=None, repr=False)
     #: Each database alias's depth of atomic blocks when the run began in this thread (a TestCase's own
     #: blocks, under the test kit): a claim deeper than that is inside a transaction the handler opened.
     atomic_depths: dict[str, int] = field(default_factory=dict, repr=False)

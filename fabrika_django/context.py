@@ -13,15 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction as db_transaction
 
-from ._running import ActiveRun, active_run, framework_write
+from ._running import ActiveRun, AttemptState, active_run, framework_write
 from ._signal import AbortSignal as AbortSignal  # its home is _signal; projects and tests know it from here
 from .exceptions import UndeclaredKick
 
 if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
-
-    from ._running import LaneDemand
-    from ._runs.fence import LeaseFence
     from .egress import FetchResponse
     from .jobs import CronJob
     from .mail import Mailer
@@ -54,29 +50,22 @@ class JobContext:
         attempt: int,
         trigger: str,
         signal: AbortSignal,
-        fence: LeaseFence,
+        state: AttemptState,
         clock: Callable[[], datetime],
         mail_mode: str | None = None,
         lane: int = 0,
-        demand: LaneDemand | None = None,
-        claimed_at_start: tuple[str, list[tuple[Any, ...]]] | None = None,
     ) -> None:
         self.job = job
         #: The lane (0-based) of the run: one of the job's ``lanes`` runs that may be active at once.
         self.lane = lane
-        #: The run's _running.LaneDemand: what its claims said about the backlog (None outside the runner).
-        self._demand = demand
         self.run_id = run_id
         self.attempt = attempt
         self.trigger = trigger
         self.signal = signal
         self.mail_mode = mail_mode
-        self._fence = fence
+        #: The attempt's machinery (its fence, its executor threads' connections, what to close at its end).
+        self._state = state
         self._clock = clock
-        #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
-        self._pool_connections: list[BaseDatabaseWrapper] = []
-        #: (alias, rows) a queue job's first claim answered in the run's start (``_running.CLAIMS_AT_START``), or None.
-        self._claimed_at_start = claimed_at_start
         self.log = _JobLogAdapter(logger, {"job": job.name, "run": str(run_id), "attempt": attempt})
 
     def __repr__(self) -> str:
@@ -96,17 +85,17 @@ class JobContext:
         run = active_run()
         if run is None or run.context is not self:
             raise RuntimeError("ctx.transaction() belongs to its own attempt: use it inside the job's function.")
-        self._fence.check()
+        self._state.fence.check()
         outer = run.in_transaction
         with db_transaction.atomic(using=using):
             run.in_transaction = True
             try:
                 if not outer:
                     with framework_write():
-                        self._fence.hold(using)
+                        self._state.fence.hold(using)
                 yield
                 # Past this point the block commits: refuse if the attempt ended meanwhile.
-                self._fence.check()
+                self._state.fence.check()
             finally:
                 run.in_transaction = outer
 
@@ -119,9 +108,10 @@ class JobContext:
         """
         from ._pool import RunExecutor
 
-        return RunExecutor(
-            lambda: ActiveRun(job=self.job, clock=self.now, context=self), self._pool_connections, max_workers
-        )
+        def new_run() -> ActiveRun:  # each of the pool's threads enters the run with this attempt's machinery
+            return ActiveRun(job=self.job, clock=self.now, context=self, state=self._state)
+
+        return RunExecutor(new_run, self._state.pool_connections, max_workers)
 
     def row(self, row: QueueModel, step: str, *, give_up: bool = False) -> AbstractContextManager[None]:
         """One claimed row's work: an exception inside is the row's failure, not the attempt's.
@@ -148,18 +138,14 @@ class JobContext:
 
         kick(name)
 
-    def _close(self) -> None:
-        """Release what the attempt opened (the mail transport's connection)."""
-        mailer = self.__dict__.get("mail")
-        if mailer is not None:
-            mailer.close()
-
     @cached_property
     def mail(self) -> Mailer:
         """The job's mailer (jobs that declare ``mailer``)."""
         from .mail import mailer_for
 
-        return mailer_for(self.job, self.mail_mode, self.signal)
+        mailer = mailer_for(self.job, self.mail_mode, self.signal)
+        self._state.closers.append(mailer.close)  # its connection ends with the attempt
+        return mailer
 
     @cached_property
     def tokens(self) -> Tokens:

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import _metrics
 from ._execute import execute
-from ._running import LaneDemand
+from ._running import AttemptState, LaneDemand
 from ._runs import lease as run_lease
 from ._runs import rows as run_rows
 from ._runs import start as run_start
@@ -244,20 +244,20 @@ def _attempt(
     timeout = job.timeout.total_seconds()
     signal = AbortSignal(time.monotonic() + timeout)
     fence = LeaseFence(job.name, lease.token, signal, held.valid_until, lease.lease_id)
+    # The first batch, when the start claimed it, is the run's first attempt's only.
+    state = AttemptState(fence=fence, demand=held.demand, claimed_at_start=lease.claimed)
+    lease.claimed = None
     ctx = JobContext(
         job=job,
         run_id=lease.run_id,
         attempt=lease.attempt,
         trigger=lease.trigger,
         signal=signal,
-        fence=fence,
+        state=state,
         clock=clock,
         mail_mode=mail_mode,
         lane=lease.lane,
-        demand=held.demand,
-        claimed_at_start=lease.claimed,  # the first batch, when the start claimed it
     )
-    lease.claimed = None  # the run's first attempt only
     if inline:
         # The lease cannot be renewed from another connection here: hold it until the deadline instead.
         fence.valid_until = time.monotonic() + timeout
@@ -266,6 +266,7 @@ def _attempt(
         job,
         ctx,
         fence,
+        state=state,
         inline=inline,
         stop=stop,
         clock=clock,

@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
 from fabrika_django import kicks, runner
-from fabrika_django._running import ActiveRun, LaneDemand, running
+from fabrika_django._running import ActiveRun, AttemptState, LaneDemand, running
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
 from testproject.lab.models import Item
@@ -35,8 +35,12 @@ def _due_items(count):
 
 
 def _lanes_run(demand):
-    """The lab job's run in lanes, as the runner makes it: its context carries the run's LaneDemand."""
-    return running(ActiveRun(job=registry.get(LANES_JOB), clock=lambda: NOON, context=SimpleNamespace(_demand=demand)))
+    """The lab job's run in lanes, as the runner makes it: its attempt's state carries the run's LaneDemand."""
+    return running(
+        ActiveRun(
+            job=registry.get(LANES_JOB), clock=lambda: NOON, state=AttemptState(fence=SimpleNamespace(), demand=demand)
+        )
+    )
 
 
 def _kicks_until_marker(listener):

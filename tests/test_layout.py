@@ -234,6 +234,16 @@ def test_the_sql_home_s_caches_are_emptied_by_a_settings_change():
     assert calls == ["a", "a"]
 
 
+_CONTEXT_PRIVATE = re.compile(r"\b(ctx|context|self\._ctx)\._[a-z]\w*")
+
+
+def test_no_module_reads_the_job_context_s_private_attributes():
+    """What the framework's own code needs of an attempt is on its ``AttemptState`` (``_running``), not read
+    out of the ``JobContext``'s private attributes, which stay the context's own."""
+    offenders = _hits(_CONTEXT_PRIVATE, "context.py")
+    assert not offenders, "\n".join(["private attributes of the JobContext read outside context.py:", *offenders])
+
+
 def test_the_modules_import_each_other_without_a_circle():
     circles = [sorted(circle) for circle in _circles(_import_graph(_modules())) if len(circle) > 1]
     assert not circles, "\n".join(["modules that import each other in a circle:", *map(", ".join, circles)])
@@ -337,3 +347,5 @@ def test_the_layout_checks_find_what_they_look_for():
         "models._tables",
         "_digest",
     }
+    assert _CONTEXT_PRIVATE.search("ctx._fence.check()") and _CONTEXT_PRIVATE.search("run.context._demand")
+    assert not _CONTEXT_PRIVATE.search("ctx.signal.throw_if_aborted()")

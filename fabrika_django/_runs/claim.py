@@ -76,7 +76,7 @@ def _claim_rows(
 
 def _note_backlog(run: ActiveRun, count: int, limit: int) -> None:
     """Tell the run what its claim said about the backlog; a full claim asks for one more lane ."""
-    demand = getattr(run.context, "_demand", None)
+    demand = run.state.demand if run.state is not None else None
     if demand is not None and demand.claimed(count, limit):
         from .pending import ask_for_lane  # on use: it imports the models, whose QueueModel imports this module
 
@@ -118,7 +118,7 @@ def _claim_in_one(
     if where is not None or connection.vendor != "postgresql" or not plain or rows._claim_order != CLAIM_ORDER:
         return None
     model = rows.model
-    demand = getattr(run.context, "_demand", None)
+    demand = run.state.demand if run.state is not None else None
     folds_ask = demand is not None and demand.lanes > 1 and _job_alias() == using
     key = (model, using, folds_ask)
     if key not in _ONE_STATEMENT:

@@ -105,17 +105,17 @@ def _give_up_undecodable(using: str, fields: list[Any], values: tuple[Any, ...])
     logger.warning("Task given up task=%s code=task_undecodable", by_name["result_id"])
 
 
-def _claimed_at_start(ctx: Any) -> list[Any] | None:
+def claimed_at_start() -> list[Any] | None:
     """The first batch, when the run's start claimed it in its own statement (``claim_at_start``); else None.
 
     Each row the start answered ends with its ``started_now`` flag: true for the first task, which that
     statement marked RUNNING (``run_task`` does not mark it again).
     """
-    found = ctx._claimed_at_start
     run = active_run()
-    if found is None or run is None:
+    found = run.state.claimed_at_start if run is not None and run.state is not None else None
+    if run is None or run.state is None or found is None:
         return None
-    ctx._claimed_at_start = None  # the first attempt's only: a retry claims afresh
+    run.state.claimed_at_start = None  # the first attempt's only: a retry claims afresh
     alias, answered = found
     rows = _claimed_rows(run, alias, [values[:-1] for values in answered])
     started = {values[0]: bool(values[-1]) for values in answered}  # by id, the answer's first column

@@ -21,7 +21,7 @@ from django.core.exceptions import SuspiciousOperation
 from django.db.models import Q
 from django.utils import timezone
 
-from .._running import framework_write, is_ctrl_c, outside_run
+from .._running import active_run, framework_write, is_ctrl_c, outside_run
 from .._task_paths import TaskNotRegistered, TaskOutsideProject, task_of
 from .._tasks_compat import (
     Task,
@@ -40,7 +40,7 @@ from ..exceptions import VersionConflict
 # Up a floor: a task run that leaves tasks behind asks for another run, as a kick does (kicks.py sits on the
 # run machinery's pending flag, so the folder stands under it).
 from ..kicks import request_run
-from .task_claim import _claim, _claimed_at_start
+from .task_claim import _claim, claimed_at_start
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
     minimum = backend.timeout.total_seconds()
     where = Q(backend=alias, queue_name=queue)
-    first = _claimed_at_start(ctx)
+    first = claimed_at_start()
     while True:
         # An empty first batch is claimed again at once: the start's ``now`` was read before its statement, so a
         # row made due between the two (a requeue, whose kick that statement took) was not due to it.
@@ -215,7 +215,7 @@ def _start(ctx: Any, row: Any, **values: Any) -> bool:
     The fence's own local check (the signal, and the time the last renewal is known to cover; no round trip):
     the lease cannot be taken over before it expires, and the UPDATE follows at once.
     """
-    ctx._fence.check()
+    _check_fence()
     return _record(ctx, row, **values)
 
 
@@ -226,10 +226,17 @@ def _check_started(ctx: Any, row: Any) -> None:
     from ..models import TaskStatus
 
     try:
-        ctx._fence.check()
+        _check_fence()
     except BaseException:
         _record(ctx, row, status=TaskStatus.READY)
         raise
+
+
+def _check_fence() -> None:
+    """The attempt's fence's local check (``LeaseFence.check``), through the thread's active run."""
+    run = active_run()
+    if run is not None and run.state is not None:
+        run.state.fence.check()
 
 
 def _give_back(ctx: Any, rows: list[Any]) -> None:
