@@ -123,6 +123,9 @@ if find_spec("django.tasks") or find_spec("django_tasks"):
             "OPTIONS": {"max_attempts": 3, "timeout": 60},
         }
     }
+    # tests/test_ratelimit.py and bench/ratelimit.py: the emails queue at a shared rate, e.g. "5/s".
+    if env("FABRIKA_LAB_EMAILS_RATE", default=""):
+        TASKS["default"]["OPTIONS"]["rate_limit"] = {"emails": env("FABRIKA_LAB_EMAILS_RATE")}
     # bench/tasks.py runs django-tasks-db beside it on the same database (installed by hand, not a dependency).
     if env.bool("FABRIKA_BENCH_TASKS_DB", default=False):
         INSTALLED_APPS.append("django_tasks_db")

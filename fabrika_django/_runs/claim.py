@@ -30,6 +30,7 @@ from .._sql import rows as row_sql
 from .._sql.rows import db_pks
 from ..backoff import row_backoffs
 from ..ops import _metrics
+from . import ratelimit
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -47,17 +48,56 @@ def claim(rows: Any, using: str, run: ActiveRun, where: Q | None, limit: int, *,
     may be compiled once.
     """
     connection = connections[using]
-    now = run.now()
     run.claimed.add((using, rows.model._meta.label))  # a requeue of this table kicks the job (_claimers)
+    if run.job.rate_limit is not None:
+        return _claim_limited(rows, using, connection, run, where, limit, plain)
+    now = run.now()
     claimed = _claim_in_one(rows, using, connection, run, now, where, limit, plain)
     if claimed is not None:
         return claimed
-    with framework_write(), transaction.atomic(using=using):
+    found = _claim_long(rows, using, connection, run, now, where, limit, plain)
+    _metrics.observe_claim(run.job.name, len(found))
+    _note_backlog(run, len(found), limit)
+    return found
+
+
+def _claim_long(
+    rows: Any,
+    using: str,
+    connection: BaseDatabaseWrapper,
+    run: ActiveRun,
+    now: datetime,
+    where: Q | None,
+    limit: int,
+    plain: bool,
+    *,
+    in_bucket: bool = False,
+) -> list[Any]:
+    """The claim the long way: the locking read and the lease's UPDATE, in one transaction (``in_bucket``: in the
+    open one of a rate-limited claim, on the same database, without a savepoint)."""
+    with framework_write(), transaction.atomic(using=using, savepoint=not in_bucket):
         found = _claim_rows(rows, using, connection, now, where, limit, plain)
         if found:
             _lease(rows.model, using, found, run, now)
+    return found
+
+
+def _claim_limited(
+    rows: Any, using: str, connection: BaseDatabaseWrapper, run: ActiveRun, where: Q | None, limit: int, plain: bool
+) -> list[Any]:
+    """A rate-limited job's claim: the long way, inside its token bucket's transaction (``ratelimit``)."""
+    asked = [limit]
+
+    def take(allowed: int) -> list[Any]:
+        asked[0] = allowed
+        return _claim_long(rows, using, connection, run, run.now(), where, allowed, plain, in_bucket=True)
+
+    def has_due() -> bool:
+        return bool(rows._claim_query(using, run.now(), where).exists())
+
+    found = ratelimit.claim(run, limit, take, has_due)
     _metrics.observe_claim(run.job.name, len(found))
-    _note_backlog(run, len(found), limit)
+    _note_backlog(run, len(found), asked[0])  # a claim the rate cut short still says the backlog is there
     return found
 
 
