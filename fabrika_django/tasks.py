@@ -63,13 +63,13 @@ MAX_ARGUMENTS_BYTES = 1024 * 1024
 class FabrikaBackend(BaseTaskBackend):
     """Run ``@task`` functions on fabrika's worker: transactional enqueue, leases, retries, admin.
 
-        ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
-        least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1), ``rate_limit`` (by queue, the
+    ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
+    least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1), ``rate_limit`` (by queue, the
     tasks its job may start: ``{"emails": "10/s"}``, ``N/s``, ``N/m`` or ``N/h``; a bad one is ``fabrika.E046``).
 
-        ``enqueue()`` takes arguments that are JSON without NaN or Infinity (the database's JSON has neither), at
-        most ``MAX_ARGUMENTS_BYTES`` (1 MiB) of it for args and kwargs together; anything else is a ``ValueError``
-        before a row is written. Pass ids and small values; keep documents in a row or a file and pass their id.
+    ``enqueue()`` takes arguments that are JSON without NaN or Infinity (the database's JSON has neither), at
+    most ``MAX_ARGUMENTS_BYTES`` (1 MiB) of it for args and kwargs together; anything else is a ``ValueError``
+    before a row is written. Pass ids and small values; keep documents in a row or a file and pass their id.
     """
 
     supports_defer = True

@@ -16,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from fabrika_django import kick
-from fabrika_django._running import CLAIMS_AT_START
+from fabrika_django._running import CLAIMS_AT_START, active_run
 from fabrika_django._runs import ratelimit
 from fabrika_django._tasks_checks import check_tasks_rate_limits
 from fabrika_django.checks._jobs import _check_jobs
@@ -143,6 +143,29 @@ def test_a_claim_with_no_token_waits_for_the_next_and_counts_the_wait(monkeypatc
     assert waited >= 0.8
     assert not Item.objects.due_now().exists()
     RateBucket.objects.filter(job="rated").delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unlimited_job_claims_as_before_without_a_statement_to_the_bucket():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    Item.objects.bulk_create([Item(n=n, due=timezone.now() - timedelta(seconds=1)) for n in range(3)])
+    sent = {}
+
+    def unlimited(ctx):
+        for limited in (False, True):
+            with CaptureQueriesContext(connection) as queries:
+                Item.objects.claim(limit=1)
+            sent[limited] = [query["sql"] for query in queries.captured_queries]
+            active_run().job = registry.get("limited")  # the same claim, as the limited job's (the probe)
+
+    with temporary_job(unlimited), temporary_job(lambda ctx: None, name="limited", rate_limit="5/s"):
+        assert run_job("unlimited").ok
+    bucket = RateBucket._meta.db_table
+    assert sent[False] and not any(bucket in sql for sql in sent[False])
+    assert any(bucket in sql for sql in sent[True])  # the probe: the limited claim's statements name it
+    RateBucket.objects.all().delete()
 
 
 @pytest.mark.django_db(transaction=True)

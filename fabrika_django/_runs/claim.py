@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from .. import _channel
 from .._queuestate import max_attempts_of, state_sql
@@ -55,30 +56,12 @@ def claim(rows: Any, using: str, run: ActiveRun, where: Q | None, limit: int, *,
     claimed = _claim_in_one(rows, using, connection, run, now, where, limit, plain)
     if claimed is not None:
         return claimed
-    found = _claim_long(rows, using, connection, run, now, where, limit, plain)
-    _metrics.observe_claim(run.job.name, len(found))
-    _note_backlog(run, len(found), limit)
-    return found
-
-
-def _claim_long(
-    rows: Any,
-    using: str,
-    connection: BaseDatabaseWrapper,
-    run: ActiveRun,
-    now: datetime,
-    where: Q | None,
-    limit: int,
-    plain: bool,
-    *,
-    in_bucket: bool = False,
-) -> list[Any]:
-    """The claim the long way: the locking read and the lease's UPDATE, in one transaction (``in_bucket``: in the
-    open one of a rate-limited claim, on the same database, without a savepoint)."""
-    with framework_write(), transaction.atomic(using=using, savepoint=not in_bucket):
+    with framework_write(), transaction.atomic(using=using):
         found = _claim_rows(rows, using, connection, now, where, limit, plain)
         if found:
             _lease(rows.model, using, found, run, now)
+    _metrics.observe_claim(run.job.name, len(found))
+    _note_backlog(run, len(found), limit)
     return found
 
 
@@ -88,9 +71,16 @@ def _claim_limited(
     """A rate-limited job's claim: the long way, inside its token bucket's transaction (``ratelimit``)."""
     asked = [limit]
 
-    def take(allowed: int) -> list[Any]:
+    def take(allowed: int, now: datetime) -> list[Any]:
         asked[0] = allowed
-        return _claim_long(rows, using, connection, run, run.now(), where, allowed, plain, in_bucket=True)
+        # The bucket's instant, so claims and tokens share one clock; a test kit's clock stays the rows' own.
+        at = now if run.clock is timezone.now else run.now()
+        # Inside the bucket's transaction: on the same database one commit for both, without a savepoint.
+        with transaction.atomic(using=using, savepoint=False):
+            found = _claim_rows(rows, using, connection, at, where, allowed, plain)
+            if found:
+                _lease(rows.model, using, found, run, at)
+        return found
 
     def has_due() -> bool:
         return bool(rows._claim_query(using, run.now(), where).exists())

@@ -48,12 +48,15 @@ if TYPE_CHECKING:
 _MIN_WAIT = 0.001
 
 
-def claim(run: ActiveRun, limit: int, take: Callable[[int], list[Any]], has_due: Callable[[], bool]) -> list[Any]:
+def claim(
+    run: ActiveRun, limit: int, take: Callable[[int, datetime], list[Any]], has_due: Callable[[], bool]
+) -> list[Any]:
     """Claim for ``run`` (a job with a rate) at most ``limit`` rows and at most the bucket's whole tokens.
 
-    ``take(n)`` claims up to n rows (the queue's claim, in a transaction of its own or, on the bucket's database,
-    inside the bucket's); ``has_due()`` says whether the queue has a row due now. Waits for a token as the
-    module's docstring says; answers the claimed rows, or nothing when the queue is empty or the attempt ended.
+    ``take(n, now)`` claims up to n rows at the bucket's ``now`` (the queue's claim, in a transaction of its own
+    or, on the bucket's database, inside the bucket's); ``has_due()`` says whether the queue has a row due now.
+    Waits for a token as the module's docstring says; answers the claimed rows, or nothing when the queue is empty
+    or the attempt ended.
     """
     from ..models import RateBucket  # the models import the claim, which imports this module
 
@@ -70,7 +73,7 @@ def claim(run: ActiveRun, limit: int, take: Callable[[int], list[Any]], has_due:
                 tokens = min(float(capacity), tokens + max(0.0, (now - updated).total_seconds()) * per_second)
                 allowed = min(limit, int(tokens))
                 if allowed >= 1:
-                    found = take(allowed)
+                    found = take(allowed, now)
                     if found:
                         _write_bucket(RateBucket, alias, job.name, tokens - len(found), max(now, updated))
                     return found

@@ -173,11 +173,11 @@ def lab_minutely(ctx):
     retries=3,
     timeout=timedelta(minutes=2),
     lanes=int(os.environ.get("LAB_RATE_LANES", "4")),
-    rate_limit=os.environ.get("LAB_RATE", "10/s"),
+    rate_limit=os.environ.get("LAB_RATE", "10/s") or None,
 )
 def lab_rated(ctx):
-    """Claims Item rows under a shared rate limit (LAB_RATE, 10/s by default) in LAB_RATE_LANES lanes, recording each
-    row's claim (``Taken``, whose unique key makes a row claimed twice an error) as it finishes it
+    """Claims Item rows under a shared rate limit (LAB_RATE, 10/s by default; empty: none) in LAB_RATE_LANES lanes,
+    recording each row's claim (``Taken``, whose unique key makes a row claimed twice an error) as it finishes it
     (tests/test_ratelimit.py, bench/ratelimit.py)."""
     limit = int(os.environ.get("LAB_CLAIM", "50"))
     record = os.environ.get("LAB_TAKEN", "1") != "0"
