@@ -6,6 +6,7 @@ bucket (two workers, lanes, a window that must never hold more than N·(1 + t) c
 on PostgreSQL and MariaDB.
 """
 
+import re
 import signal
 import threading
 import time
@@ -119,6 +120,19 @@ def test_claims_take_at_most_the_tokens_and_the_bucket_starts_full_and_is_writte
     assert 0 <= tokens < 0.1 and updated <= timezone.now()
     assert Job.objects.get(name="rated").pending_since is None  # no run back to back that would find no token
     RateBucket.objects.filter(job="rated").delete()
+
+
+@pytest.mark.django_db
+def test_a_rate_limited_job_runs_in_a_tests_own_transaction_too():
+    Item.objects.bulk_create([Item(n=n, due=timezone.now() - timedelta(seconds=1)) for n in range(4)])
+    claimed = []
+
+    def rated(ctx):
+        claimed.extend(len(Item.objects.claim(limit=5)) for _ in range(2))
+
+    with temporary_job(rated, rate_limit="2/h", timeout=timedelta(seconds=10)):
+        assert run_job("rated").ok
+    assert claimed == [2, 0]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -288,3 +302,43 @@ def test_a_task_queue_at_5_per_second_starts_its_tasks_within_the_rate_on_two_wo
     assert QueuedTask.objects.filter(queue_name="emails", attempts=1).count() == 30  # each started once
     assert _most_in_a_window(started) <= 10  # N·(1 + t) for N = 5, t = 1
     assert (max(started) - min(started)).total_seconds() >= 4  # 25 tasks past the full bucket, at 5 a second
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_told_to_stop_ends_a_claim_waiting_for_a_token():
+    Item.objects.bulk_create([Item(n=n, due=timezone.now() - timedelta(seconds=1)) for n in range(3)])
+    worker = WorkerProcess("--only", "lab_rated", LAB_RATE="1/m", LAB_RATE_LANES="1", LAB_CLAIM="1")
+    try:
+        wait_until(lambda: "Worker started" in worker.output(), workers=[worker], what="the worker's start")
+        kick("lab_rated")
+        wait_until(lambda: Taken.objects.count() == 1, workers=[worker], what="the first row")
+        # The next claim waits for a token a minute away; SIGTERM aborts the attempt's signal.
+        wait_until(lambda: RateBucket.objects.filter(job="lab_rated").exists(), workers=[worker], what="the bucket")
+        stopped = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        assert time.monotonic() - stopped < 15
+    finally:
+        worker.kill()
+        RateBucket.objects.filter(job="lab_rated").delete()
+    assert Taken.objects.count() == 1 and Item.objects.filter(attempts=0).count() == 2
+
+
+# -- where the rate is shown -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_jobs_page_shows_the_rate_as_declared_under_the_schedule_and_on_the_jobs_page(admin_client):
+    from django.urls import reverse
+
+    Job.objects.create(name="lab_rated")
+    Job.objects.create(name="lab_slow")
+    html = admin_client.get(reverse("admin:fabrika_django_job_changelist")).content.decode()
+    rated = html[html.index(">lab_rated<") :]
+    rated = rated[: rated.index("</tr>")]
+    assert '<span class="fabrika-quiet">at most <code>10/s</code></span>' in rated
+    slow = html[html.index(">lab_slow<") :]
+    assert "at most" not in slow[: slow.index("</tr>")]
+    page = admin_client.get(reverse("admin:fabrika_django_job_change", args=["lab_rated"])).content.decode()
+    assert re.search(r"rate limit:?</label>\s*<div class=\"readonly\">10/s</div>", page, re.I)
