@@ -110,11 +110,3 @@ def _locked_bucket(model: Any, alias: str, job: str, capacity: int, now: datetim
 
 def _write_bucket(model: Any, alias: str, job: str, tokens: float, updated: datetime) -> None:
     model.objects.using(alias).filter(pk=job).update(tokens=max(0.0, tokens), updated=updated)
-
-
-def bucket_of(job: str) -> tuple[float, datetime] | None:
-    """The job's bucket as last written (tokens, updated), or None before its first claim (status, tests)."""
-    from ..models import RateBucket
-
-    found = list(RateBucket.objects.filter(pk=job).values_list("tokens", "updated"))
-    return found[0] if found else None
