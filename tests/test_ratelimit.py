@@ -278,6 +278,28 @@ def test_two_workers_in_four_lanes_drain_100_rows_once_within_10_per_second():
     assert _value(samples, "fabrika_job_rate_limited_seconds_total", job="lab_rated") > 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_one_worker_in_four_lanes_keeps_the_rate_on_every_database():
+    """SQLite's one process too: four lanes, threads of one worker, share the bucket (its write lock)."""
+    Item.objects.bulk_create([Item(n=n, due=timezone.now() - timedelta(seconds=1)) for n in range(60)])
+    env = {"LAB_RATE": "20/s", "LAB_RATE_LANES": "4", "LAB_CLAIM": "5", "FABRIKA_POLL_INTERVAL": 0.2}
+    worker = WorkerProcess("--only", "lab_rated", "--concurrency", "4", **env)
+    try:
+        wait_until(lambda: "Worker started" in worker.output(), workers=[worker], what="the worker's start")
+        kick("lab_rated")
+        wait_until(lambda: Item.objects.done().count() == 60, timeout=60, workers=[worker], what="every row done")
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait(30)
+        worker.kill()
+        RateBucket.objects.filter(job="lab_rated").delete()
+    assert set(Item.objects.values_list("writes", "attempts").distinct()) == {(1, 1)}
+    dues = list(Taken.objects.values_list("due", flat=True))
+    assert len(dues) == 60
+    assert _most_in_a_window(dues) <= 40  # N·(1 + t) for N = 20, t = 1
+    assert (max(dues) - min(dues)).total_seconds() >= 1.9  # 40 rows past the full bucket, at 20 a second
+
+
 @pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_a_task_queue_at_5_per_second_starts_its_tasks_within_the_rate_on_two_workers():
