@@ -48,6 +48,7 @@ class _Instruments:
     claim_rows: Any
     kick_latency: Any
     in_progress: Any
+    rate_limited: Any
 
 
 def _make_instruments() -> _Instruments:
@@ -77,6 +78,13 @@ def _make_instruments() -> _Instruments:
         ),
         in_progress=client.Gauge(
             "fabrika_runs_in_progress", "Runs this worker executes now, by job.", ["job"], registry=registry
+        ),
+        # prometheus-client serves a counter with ``_total`` appended: fabrika_job_rate_limited_seconds_total.
+        rate_limited=client.Counter(
+            "fabrika_job_rate_limited_seconds",
+            "Seconds the claims of a rate-limited job waited for its rate, by job.",
+            ["job"],
+            registry=registry,
         ),
     )
 
@@ -121,6 +129,13 @@ def observe_claim(job: str, rows: int) -> None:
     instruments = _instruments
     if instruments is not None:
         instruments.claim_rows.labels(job).observe(rows)
+
+
+def observe_rate_limited(job: str, seconds: float) -> None:
+    """Count the seconds a rate-limited job's claim waited for a token (``_runs.ratelimit``)."""
+    instruments = _instruments
+    if instruments is not None:
+        instruments.rate_limited.labels(job).inc(max(0.0, seconds))
 
 
 class KickReads(Protocol):

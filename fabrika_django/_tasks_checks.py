@@ -1,4 +1,5 @@
-"""``fabrika.E040``: a ``TASKS`` backend that is fabrika's, without fabrika_django in ``INSTALLED_APPS``.
+"""``fabrika.E040``: a ``TASKS`` backend that is fabrika's, without fabrika_django in ``INSTALLED_APPS``;
+``fabrika.E046``: a bad ``OPTIONS["rate_limit"]`` (``check_tasks_rate_limits``).
 
 Django runs each backend's own ``check()`` only where its tasks checks are registered: on Django 6.1 once
 something imported ``django.tasks``, on 5.2 when the backport's app is installed. So the mistake could pass
@@ -65,3 +66,48 @@ def fabrika_aliases() -> list[str]:
         if isinstance(backend_class, type) and issubclass(backend_class, fabrika_class):
             aliases.append(alias)
     return aliases
+
+
+def valid_rate_limits(value: object) -> dict[str, str]:
+    """``OPTIONS["rate_limit"]``'s good entries, by queue (the backend's; ``check_tasks_rate_limits`` says the rest)."""
+    from .jobs import rate_problem
+
+    if not isinstance(value, dict):
+        return {}
+    return {queue: rate for queue, rate in value.items() if isinstance(queue, str) and rate_problem(rate) is None}
+
+
+def check_tasks_rate_limits(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``fabrika.E046``: each fabrika backend's ``OPTIONS["rate_limit"]`` is a dict of its queues to rates."""
+    from .jobs import rate_problem
+
+    errors: list[checks.CheckMessage] = []
+    for alias in fabrika_aliases():
+        params: Any = django_settings.TASKS[alias]
+        limits = (params.get("OPTIONS") or {}).get("rate_limit")
+        where = f"TASKS[{alias!r}]['OPTIONS']['rate_limit']"
+        if limits is None:
+            continue
+        if not isinstance(limits, dict):
+            errors.append(_rate_error(f"{where}={limits!r} is not a dict of queues to rates.", alias))
+            continue
+        queues = params.get("QUEUES") or ["default"]
+        for queue, rate in limits.items():
+            if queue not in queues:
+                errors.append(
+                    _rate_error(f"{where} names {queue!r}, which is not one of this backend's QUEUES.", alias)
+                )
+                continue
+            problem = rate_problem(rate)
+            if problem is not None:
+                errors.append(_rate_error(f"{where}[{queue!r}]: {problem}.", alias))
+    return errors
+
+
+def _rate_error(message: str, alias: str) -> checks.Error:
+    return checks.Error(
+        message,
+        hint=f"Give TASKS[{alias!r}]['OPTIONS']['rate_limit'] as {{queue: rate}}, each rate N/s, N/m or N/h "
+        "(N a whole number of 1 or more), e.g. {'emails': '10/s'}.",
+        id="fabrika.E046",
+    )

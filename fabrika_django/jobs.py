@@ -20,6 +20,9 @@ MAX_LANES = 64
 MAILERS = ("installation", "own")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _PERMISSION = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+_RATE = re.compile(r"^([1-9][0-9]{0,8})/([smh])$")
+#: A rate's unit in seconds, by its letter.
+_RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
 
 #: A job's function: it takes the attempt's ``JobContext`` (typed loosely here: context.py is built on this module).
 Handler = Callable[[Any], Any]
@@ -43,6 +46,8 @@ class CronJob:
     module: str = ""
     #: How many runs of the job may be active at once across the deployment, each in a lane of its own.
     lanes: int = 1
+    #: The rows all its runs may claim together, as declared (``"20/s"``); None: no limit (``_runs.ratelimit``).
+    rate_limit: str | None = None
 
     @property
     def period(self) -> timedelta:
@@ -107,10 +112,16 @@ def cron(
     egress: Iterable[str] = (),
     actions: Iterable[str] | None = None,
     lanes: int = 1,
+    rate_limit: str | None = None,
 ) -> Callable[[Handler], CronJob]:
     """Declare the decorated function a cron job running on ``schedule``: five cron fields in UTC (minute hour
     day-of-month month day-of-week), such as ``'15 * * * *'``, or a macro such as ``'@hourly'``; None for a job that
     runs only when kicked (and when rows it claimed come due again after their backoff).
+
+    ``lanes``: up to this many runs of the job active at once, over every worker (1-64). ``rate_limit``: ``"N/s"``,
+    ``"N/m"`` or ``"N/h"`` (N a whole number of 1 or more): the rows all its runs claim together, in every lane,
+    worker and host, stay within it; ``claim()`` answers at most what it allows now and waits, bounded by
+    ``ctx.signal``, when it allows none (``docs/howto/rate-limits.md``).
 
     Every argument is checked here, at import, and a bad one raises ValueError or TypeError naming it (a bad
     schedule: the job and the expression).
@@ -118,6 +129,8 @@ def cron(
     _check_retries(retries)
     _check_timeout(timeout)
     _check_lanes(lanes)
+    if rate_limit is not None:
+        parse_rate(rate_limit)
     declared_kicks = _names("kicks", kicks)
     if mailer is not None and mailer not in MAILERS:
         raise ValueError(f"mailer={mailer!r} is not a mailer: use 'installation', 'own' or None.")
@@ -148,6 +161,7 @@ def cron(
             actions=held,
             module=getattr(func, "__module__", ""),
             lanes=lanes,
+            rate_limit=rate_limit,
         )
         registry.register(job)
         return job
@@ -171,6 +185,24 @@ def _check_lanes(lanes: object) -> None:
     problem = lanes_problem(lanes)
     if problem is not None:
         raise ValueError(problem + ".")
+
+
+def rate_problem(rate: object) -> str | None:
+    """Return what is wrong with a rate limit (None: nothing); @cron and the tasks' system check both say it."""
+    if isinstance(rate, str) and _RATE.match(rate):
+        return None
+    return (
+        f"rate_limit={rate!r} is not a rate: give N/s, N/m or N/h (N a whole number of 1 or more, rows per second, "
+        "minute or hour), e.g. '20/s'"
+    )
+
+
+def parse_rate(rate: object) -> tuple[int, int]:
+    """Return a rate limit (``"20/s"``) as (N, its unit in seconds); a ValueError quoting a bad one."""
+    match = _RATE.match(rate) if isinstance(rate, str) else None
+    if match is None:
+        raise ValueError(f"{rate_problem(rate)}.")
+    return int(match.group(1)), _RATE_UNITS[match.group(2)]
 
 
 def _check_timeout(timeout: object) -> None:

@@ -52,7 +52,7 @@ DEFAULT_TIMEOUT = timedelta(minutes=15)
 #: A task's time is at least its timeout: the job's attempt gets twice that and starts no task in its second half.
 MAX_TASK_TIMEOUT = MAX_TIMEOUT / 2
 MAX_LANES = 64
-_OPTIONS = ("max_attempts", "timeout", "lanes")
+_OPTIONS = ("max_attempts", "timeout", "lanes", "rate_limit")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _MAX_JOB_NAME = 100
 #: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
@@ -64,7 +64,8 @@ class FabrikaBackend(BaseTaskBackend):
     """Run ``@task`` functions on fabrika's worker: transactional enqueue, leases, retries, admin.
 
     ``OPTIONS`` (all optional): ``max_attempts`` (1-100, default 3), ``timeout`` (seconds or a timedelta, at
-    least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1).
+    least this long for each task; default 15 minutes), ``lanes`` (1-64, default 1), ``rate_limit`` (by queue, the
+    tasks its job may start: ``{"emails": "10/s"}``, ``N/s``, ``N/m`` or ``N/h``; a bad one is ``fabrika.E046``).
 
     ``enqueue()`` takes arguments that are JSON without NaN or Infinity (the database's JSON has neither), at
     most ``MAX_ARGUMENTS_BYTES`` (1 MiB) of it for args and kwargs together; anything else is a ``ValueError``
@@ -79,6 +80,8 @@ class FabrikaBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.max_attempts, self.timeout, self.lanes = _read_options(alias, self.options)
+        #: By queue, the rate its job starts tasks at; the system check reports a bad entry (left out here).
+        self.rate_limits = _tasks_checks.valid_rate_limits(self.options.get("rate_limit"))
         if not self.queues:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['QUEUES'] is empty: name the queues this backend serves, e.g. ['default']."
@@ -151,8 +154,12 @@ class FabrikaBackend(BaseTaskBackend):
             options["lanes"] = self.lanes
         for queue in sorted(self.queues):
             name = task_job_name(self.alias, queue)
-            cron(SWEEP_SCHEDULE, name=name, **options)(_handler(self.alias, queue))
-            CLAIMS_AT_START[name] = claim_at_start(self.alias, queue)  # a kicked run's first claim, in its start
+            rate_limit = self.rate_limits.get(queue)
+            cron(SWEEP_SCHEDULE, name=name, rate_limit=rate_limit, **options)(_handler(self.alias, queue))
+            if rate_limit is None:
+                CLAIMS_AT_START[name] = claim_at_start(self.alias, queue)  # a kicked run's first claim, in its start
+            else:
+                CLAIMS_AT_START.pop(name, None)  # a claim in the start would pass the queue's token bucket
 
 
 def _insert_and_kick(row: Any, job: str) -> None:

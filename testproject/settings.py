@@ -116,11 +116,15 @@ FABRIKA = {
 
 # Django tasks on fabrika's worker: built into Django 6.0+, the django-tasks backport on 5.2 (the "tasks" extra).
 if find_spec("django.tasks") or find_spec("django_tasks"):
+    _task_options: dict[str, object] = {"max_attempts": 3, "timeout": 60}
+    # tests/test_ratelimit.py: the emails queue at a shared rate, e.g. "5/s".
+    if env("FABRIKA_LAB_EMAILS_RATE", default=""):
+        _task_options["rate_limit"] = {"emails": env("FABRIKA_LAB_EMAILS_RATE")}
     TASKS = {
         "default": {
             "BACKEND": "fabrika_django.tasks.FabrikaBackend",
             "QUEUES": ["default", "emails"],
-            "OPTIONS": {"max_attempts": 3, "timeout": 60},
+            "OPTIONS": _task_options,
         }
     }
     # bench/tasks.py runs django-tasks-db beside it on the same database (installed by hand, not a dependency).

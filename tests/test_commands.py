@@ -250,9 +250,9 @@ def test_worker_with_an_unknown_job_in_only_exits_2_before_starting(fake_worker)
 # -- list, status -----------------------------------------------------------------------------------
 
 
-def test_list_shows_schedule_next_fire_retries_timeout_lanes_kicks_and_mailer_of_every_job():
+def test_list_shows_schedule_next_fire_retries_timeout_lanes_rate_kicks_and_mailer_of_every_job():
     before = Schedule("15 * * * *").next_after(timezone.now())
-    with temporary_job(_succeed, kicks=["mark_overdue"], timeout=timedelta(seconds=90), lanes=4):
+    with temporary_job(_succeed, kicks=["mark_overdue"], timeout=timedelta(seconds=90), lanes=4, rate_limit="20/m"):
         code, out, _ = fabrika_job("list")
     after = Schedule("15 * * * *").next_after(timezone.now())
     assert code == 0
@@ -263,15 +263,16 @@ def test_list_shows_schedule_next_fire_retries_timeout_lanes_kicks_and_mailer_of
         "retries",
         "timeout",
         "lanes",
+        "rate",
         "kicks",
         "mailer",
     ]
     assert len(out.splitlines()) == 1 + len(registry) + 1  # the temporary job is listed too
     assert _columns(out, "mark_overdue") in [
-        ["mark_overdue", "15 * * * *", moment.strftime("%Y-%m-%d %H:%M:%S"), "2", "10m", "1", "-", "-"]
+        ["mark_overdue", "15 * * * *", moment.strftime("%Y-%m-%d %H:%M:%S"), "2", "10m", "1", "-", "-", "-"]
         for moment in (before, after)
     ]
-    assert _columns(out, "_succeed") == ["_succeed", "-", "kick only", "0", "1m30s", "4", "mark_overdue", "-"]
+    assert _columns(out, "_succeed") == ["_succeed", "-", "kick only", "0", "1m30s", "4", "20/m", "mark_overdue", "-"]
 
 
 @pytest.mark.django_db

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from .. import _channel, _metrics
 from .._queuestate import max_attempts_of, state_sql
@@ -29,6 +30,7 @@ from .._sql import claim as claim_sql
 from .._sql import rows as row_sql
 from .._sql.rows import db_pks
 from ..backoff import row_backoffs
+from . import ratelimit
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,8 +48,10 @@ def claim(rows: Any, using: str, run: ActiveRun, where: Q | None, limit: int, *,
     may be compiled once.
     """
     connection = connections[using]
-    now = run.now()
     run.claimed.add((using, rows.model._meta.label))  # a requeue of this table kicks the job (_claimers)
+    if run.job.rate_limit is not None:
+        return _claim_limited(rows, using, connection, run, where, limit, plain)
+    now = run.now()
     claimed = _claim_in_one(rows, using, connection, run, now, where, limit, plain)
     if claimed is not None:
         return claimed
@@ -57,6 +61,32 @@ def claim(rows: Any, using: str, run: ActiveRun, where: Q | None, limit: int, *,
             _lease(rows.model, using, found, run, now)
     _metrics.observe_claim(run.job.name, len(found))
     _note_backlog(run, len(found), limit)
+    return found
+
+
+def _claim_limited(
+    rows: Any, using: str, connection: BaseDatabaseWrapper, run: ActiveRun, where: Q | None, limit: int, plain: bool
+) -> list[Any]:
+    """A rate-limited job's claim: the long way, inside its token bucket's transaction (``ratelimit``)."""
+    asked = [limit]
+
+    def take(allowed: int, now: datetime) -> list[Any]:
+        asked[0] = allowed
+        # The bucket's instant, so claims and tokens share one clock; a test kit's clock stays the rows' own.
+        at = now if run.clock is timezone.now else run.now()
+        # Inside the bucket's transaction: on the same database one commit for both, without a savepoint.
+        with transaction.atomic(using=using, savepoint=False):
+            found = _claim_rows(rows, using, connection, at, where, allowed, plain)
+            if found:
+                _lease(rows.model, using, found, run, at)
+        return found
+
+    def has_due() -> bool:
+        return bool(rows._claim_query(using, run.now(), where).exists())
+
+    found = ratelimit.claim(run, limit, take, has_due)
+    _metrics.observe_claim(run.job.name, len(found))
+    _note_backlog(run, len(found), asked[0])  # a claim the rate cut short still says the backlog is there
     return found
 
 

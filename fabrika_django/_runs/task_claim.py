@@ -46,7 +46,8 @@ def _claim(alias: str, queue: str, where: Q) -> list[Any]:
     run = active_run()
     using = router.db_for_write(QueuedTask)
     connection = connections[using]
-    if run is None or connection.vendor != "postgresql":
+    # A rate-limited queue claims through claim(), where its token bucket is (``ratelimit``).
+    if run is None or connection.vendor != "postgresql" or run.job.rate_limit is not None:
         return list(QueuedTask.objects.claim(limit=_BATCH, where=where))
     sql, fixed = _claim_sql(using)
     with framework_write():

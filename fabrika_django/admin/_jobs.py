@@ -81,6 +81,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "run_state",
         "retries",
         "timeout",
+        "rate_limit",
         "kicks",
         "last_run",
         "outcome",
@@ -141,12 +142,21 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if registered is None:
             return str(_("not registered"))
         if registered.schedule is None:
-            return format_html('<span class="fabrika-quiet">{}</span>', _("kick only"))
-        return format_html(
-            '<code>{}</code> <span class="fabrika-quiet">{}</span>',
-            registered.schedule.expression,
-            describe_schedule(registered.schedule),
-        )
+            shown = format_html('<span class="fabrika-quiet">{}</span>', _("kick only"))
+        else:
+            shown = format_html(
+                '<code>{}</code> <span class="fabrika-quiet">{}</span>',
+                registered.schedule.expression,
+                describe_schedule(registered.schedule),
+            )
+        if registered.rate_limit is not None:  # the rate as declared, under the schedule
+            shown = format_html(
+                '{}<br><span class="fabrika-quiet">{} <code>{}</code></span>',
+                shown,
+                _("at most"),
+                registered.rate_limit,
+            )
+        return shown
 
     @admin.display(description=_("last success"), ordering="last_success")
     def last_success_at(self, job: Job) -> str:
@@ -222,6 +232,11 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def timeout(self, job: Job) -> Any:
         registered = _registered(job)
         return registered.timeout if registered is not None else "—"
+
+    @admin.display(description=_("rate limit"))
+    def rate_limit(self, job: Job) -> Any:
+        registered = _registered(job)
+        return registered.rate_limit if registered is not None and registered.rate_limit else "—"
 
     @admin.display(description=_("kicks"))
     def kicks(self, job: Job) -> Any:

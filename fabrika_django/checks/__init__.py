@@ -6,7 +6,7 @@ models and ``settings.FABRIKA``.
 
 Ids are stable and never reused; a retired id stays below as a "reserved" comment.
 
-- E001 bad schedule, E002 bad timeout, E003 bad retries, E004 bad lanes
+- E001 bad schedule, E002 bad timeout, E003 bad retries, E004 bad lanes, E005 bad ``rate_limit``
 - E010 duplicate job name, E011 kick of an unknown job, E012 kick cycle
 - E020 queue model without a queue manager, E021 bad ``Queue.max_attempts``, E022 unknown ``Queue`` option
 - E030 ``FABRIKA`` is not a dict, E031 unknown key, E032 bad value, E033 unknown ``LISTEN_DATABASE``,
@@ -17,6 +17,8 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   1, an error threshold below its warning threshold)
 - E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
   (``_tasks_checks``; also the backend's own ``check()``, where Django's tasks checks run and fabrika's do not)
+- E046 a bad ``TASKS[...]["OPTIONS"]["rate_limit"]``: not a dict, a queue the backend does not serve, a rate not
+  ``N/s``, ``N/m`` or ``N/h`` (``_tasks_checks``)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
 - W002 an ``actions`` entry that no installed model's ``Meta`` declares (a typo, or a permission made by hand)
 - W040 a MariaDB/MySQL database whose transactions would not run at READ COMMITTED (``_isolation.py``)
@@ -34,3 +36,4 @@ from . import _jobs, _settings, _tables  # noqa: F401  register the checks
 # fabrika.E040, registered here (not where it is defined: the backend imports that module, and a check registered
 # by a backend made while the checks run would miss that run).
 checks.register("fabrika")(_tasks_checks.check_tasks_backends)
+checks.register("fabrika")(_tasks_checks.check_tasks_rate_limits)

@@ -9,7 +9,7 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.core import checks
 
-from ..jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, registry
+from ..jobs import MAX_LANES, MAX_TIMEOUT, CronJob, JobRegistry, lanes_problem, rate_problem, registry
 from ..schedule import RULE, Schedule, normalize
 
 _DECLARE_HINT = "Declare the job with @cron(...), which checks its arguments at import."
@@ -89,6 +89,15 @@ def _check_job(job: CronJob) -> list[checks.CheckMessage]:
                 f"Give e.g. lanes=4 (at most {MAX_LANES}: each running lane holds a database connection). "
                 + _DECLARE_HINT,
                 "fabrika.E004",
+            )
+        )
+    if job.rate_limit is not None and rate_problem(job.rate_limit) is not None:
+        errors.append(
+            _job_error(
+                job,
+                f"has {rate_problem(job.rate_limit)}",
+                "Give e.g. rate_limit='20/s'. " + _DECLARE_HINT,
+                "fabrika.E005",
             )
         )
     return errors

@@ -35,7 +35,7 @@ def crontab_lines(script: Path) -> Iterator[str]:
 
 
 def job_lines(now: datetime) -> list[str]:
-    """The registered jobs, one a row: schedule, next fire, retries, timeout, lanes, kicks, mailer."""
+    """The registered jobs, one a row: schedule, next fire, retries, timeout, lanes, rate, kicks, mailer."""
     rows = [
         (
             job.name,
@@ -44,12 +44,15 @@ def job_lines(now: datetime) -> list[str]:
             str(job.retries),
             _duration(job.timeout),
             str(job.lanes),
+            job.rate_limit or "-",
             ",".join(job.kicks) or "-",
             job.mailer or "-",
         )
         for job in registry
     ]
-    return _table(("job", "schedule", "next fire (UTC)", "retries", "timeout", "lanes", "kicks", "mailer"), rows)
+    return _table(
+        ("job", "schedule", "next fire (UTC)", "retries", "timeout", "lanes", "rate", "kicks", "mailer"), rows
+    )
 
 
 def status_lines(report: dict[str, Any], *, as_json: bool) -> list[str]:

@@ -1,5 +1,6 @@
 """``QueueModel``, the abstract base of a project's queue tables, and fabrika's own tables."""
 
+from ._buckets import RateBucket
 from ._queue import FAILURE_CODE, QueueModel
 from ._tables import (
     Attempt,
@@ -33,6 +34,7 @@ __all__ = [
     "QueueModel",
     "QueueSample",
     "QueuedTask",
+    "RateBucket",
     "SentMail",
     "TaskStatus",
     "Trigger",

@@ -8,7 +8,7 @@ from django.db.models import F
 
 from fabrika_django import EmailDeliveryError, cron
 
-from .models import Effect, Item, Mark
+from .models import Effect, Item, Mark, Taken
 
 
 def _mark(ctx, note):
@@ -166,3 +166,24 @@ def lab_minutely(ctx):
     with the minute it ran in, so a fire served twice shows as two marks of one minute."""
     with ctx.transaction():
         Mark.objects.create(job=ctx.job.name, note=ctx.now().strftime("%Y-%m-%d %H:%M"), pid=os.getpid())
+
+
+@cron(
+    None,
+    retries=3,
+    timeout=timedelta(minutes=2),
+    lanes=int(os.environ.get("LAB_RATE_LANES", "4")),
+    rate_limit=os.environ.get("LAB_RATE", "10/s") or None,
+)
+def lab_rated(ctx):
+    """Claims Item rows under a shared rate limit (LAB_RATE, 10/s by default; empty: none) in LAB_RATE_LANES lanes,
+    recording each row's claim (``Taken``, whose unique key makes a row claimed twice an error) as it finishes it
+    (tests/test_ratelimit.py, bench/ratelimit.py)."""
+    limit = int(os.environ.get("LAB_CLAIM", "50"))
+    record = os.environ.get("LAB_TAKEN", "1") != "0"
+    while rows := Item.objects.claim(limit=limit):
+        with ctx.transaction():
+            if record:
+                Taken.objects.bulk_create([Taken(item=row.pk, due=row.due, pid=os.getpid()) for row in rows])
+            for row in rows:
+                row.finish(writes=row.writes + 1)

@@ -49,3 +49,15 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"Effect of item {self.item}"
+
+
+class Taken(models.Model):
+    """A row the rate-limited lab job claimed, with the ``due`` its claim wrote: the claim's time plus the row's
+    first backoff, the same for every first claim, so windows of ``due`` are windows of claim times."""
+
+    item = models.BigIntegerField(unique=True)
+    due = models.DateTimeField()
+    pid = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"Item {self.item} taken"

@@ -122,7 +122,7 @@ class Command(BaseCommand):
         crontab = action("crontab", "Print a crontab (UTC) that runs each scheduled job, for hosts without a worker.")
         crontab.add_argument("--manage-py", metavar="PATH", help="the manage.py the lines call (found by default)")
 
-        action("list", "List every job: schedule, next fire (UTC), retries, timeout, lanes, kicks, mailer.")
+        action("list", "List every job: schedule, next fire (UTC), retries, timeout, lanes, rate, kicks, mailer.")
 
         status = action("status", "Show each queue table's counts and each job's state and last outcome.")
         status.add_argument("--json", action="store_true", help="print JSON instead of text")
