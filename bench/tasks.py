@@ -252,8 +252,8 @@ class _FloorEnqueue:
         import psycopg
         from django.db import connection
 
+        from fabrika_django._task_rows import _insert_sql
         from fabrika_django.models import QueuedTask
-        from fabrika_django.tasks import _insert_sql
 
         sql, fields = _insert_sql("default", True)
         row = QueuedTask(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")

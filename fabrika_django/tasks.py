@@ -9,7 +9,6 @@ within milliseconds on a listening worker. Each (backend alias, queue) is served
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import re
 import socket
@@ -21,29 +20,22 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections, router, transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import _tasks_checks
-from ._channel import CHANNEL
+from . import _periodic, _tasks_checks
+from . import _task_rows as task_rows
 from ._running import CLAIMS_AT_START
-from ._runs.kickmarks import kicked_in_transaction, note_kick
 from ._runs.task_claim import claim_at_start
 from ._runs.tasks import result_of, serve_queue
-from ._sql import cache
-from ._sql import prepared as _prepared
-from ._sql import tasks as task_sql
+from ._task_rows import MAX_ARGUMENTS_BYTES as MAX_ARGUMENTS_BYTES  # projects and tests know it from here
 from ._tasks_compat import (
     BaseTaskBackend,
     Task,
     TaskResult,
     TaskResultDoesNotExist,
-    normalize_json,
     task_enqueued,
 )
 from .jobs import MAX_TIMEOUT, cron, task_job_name
-from .kicks import kick
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -52,12 +44,9 @@ DEFAULT_TIMEOUT = timedelta(minutes=15)
 #: A task's time is at least its timeout: the job's attempt gets twice that and starts no task in its second half.
 MAX_TASK_TIMEOUT = MAX_TIMEOUT / 2
 MAX_LANES = 64
-_OPTIONS = ("max_attempts", "timeout", "lanes", "rate_limit")
+_OPTIONS = ("max_attempts", "timeout", "lanes", "rate_limit", "periodic")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _MAX_JOB_NAME = 100
-#: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
-#: database and a task's admin page hold them whole, so a task carries ids, not documents.
-MAX_ARGUMENTS_BYTES = 1024 * 1024
 
 
 class FabrikaBackend(BaseTaskBackend):
@@ -95,22 +84,8 @@ class FabrikaBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task's row in the current transaction and kick its queue's job when that commits."""
         _tasks_checks.require_installed(self.alias)
-        from .models import QueuedTask
-
         self.validate_task(task)
-        now = timezone.now()
-        row = QueuedTask(
-            task_path=task.module_path,
-            backend=self.alias,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            # A value that is not JSON, NaN, Infinity or too much raises here, before anything is written.
-            **_json_arguments(args, kwargs),
-            run_after=task.run_after,
-            due=task.run_after or now,
-            enqueued_at=now,
-        )
-        _insert_and_kick(row, task_job_name(self.alias, task.queue_name))
+        row = task_rows.insert(self.alias, task, args, kwargs)
         result = result_of(row, task)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -160,74 +135,7 @@ class FabrikaBackend(BaseTaskBackend):
                 CLAIMS_AT_START[name] = claim_at_start(self.alias, queue)  # a kicked run's first claim, in its start
             else:
                 CLAIMS_AT_START.pop(name, None)  # a claim in the start would pass the queue's token bucket
-
-
-def _insert_and_kick(row: Any, job: str) -> None:
-    """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
-
-    PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``run_sql.kick_cte``), so an enqueue in
-    autocommit is one round trip and one commit, as an INSERT alone. Elsewhere: the row and the kick in one
-    transaction (no savepoint inside the caller's).
-    """
-    from .models import QueuedTask
-
-    alias = router.db_for_write(QueuedTask, instance=row)
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        with transaction.atomic(using=alias, savepoint=False):
-            row.save(force_insert=True, using=alias)
-            kick(job, using=alias)
-        return
-    with_kick = not kicked_in_transaction(job, alias)
-    sql, fields = _insert_sql(alias, with_kick)
-    params: dict[str, Any] = {
-        f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
-    }
-    params.update(name=job, channel=CHANNEL)
-    answer = _prepared.fetchone(connection, sql, params)
-    if answer is None:
-        # A check, not an assert (``python -O`` drops those): an INSERT ... RETURNING answers its row unless
-        # something on the table (a trigger, a rule) skipped it; the task would never run, so say so.
-        raise DatabaseError(f"The task's row was not inserted into {QueuedTask._meta.db_table}: no row returned.")
-    row.pk = answer[0]
-    row._state.adding, row._state.db = False, alias
-    note_kick(job, alias)
-
-
-@cache(maxsize=8)
-def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
-    """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
-
-    With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
-    ``name`` (the job), ``channel``.
-    """
-    from .models import QueuedTask
-
-    connection = connections[alias]
-    fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
-    quote = connection.ops.quote_name
-    columns = [quote(str(field.column)) for field in fields]
-    pk = quote(str(QueuedTask._meta.pk.column))
-    return task_sql.insert(connection, columns, pk, with_kick=with_kick), fields
-
-
-def _json_arguments(args: Any, kwargs: Any) -> dict[str, Any]:
-    """A task's args and kwargs as JSON values, or a ``ValueError`` that says what is wrong with them."""
-    values = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}  # TypeError for what is no JSON
-    try:
-        text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except ValueError:
-        raise ValueError(
-            "A task's arguments hold NaN or Infinity, which JSON and the database have no value for: pass None "
-            "or a string instead."
-        ) from None
-    size = len(text.encode())
-    if size > MAX_ARGUMENTS_BYTES:
-        raise ValueError(
-            f"A task's arguments are {size} bytes of JSON; a task takes at most {MAX_ARGUMENTS_BYTES} (1 MiB): "
-            "store the data in a row or a file and pass its id."
-        )
-    return values
+        _periodic.register(self.alias, self.options.get("periodic", {}))
 
 
 def _handler(alias: str, queue: str) -> Any:

@@ -3,6 +3,7 @@
 ``DATABASE_URL`` defaults to a SQLite file, so the demo needs no server; ``EMAIL_URL`` to the console.
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -120,6 +121,9 @@ if find_spec("django.tasks") or find_spec("django_tasks"):
     # tests/test_ratelimit.py: the emails queue at a shared rate, e.g. "5/s".
     if env("FABRIKA_LAB_EMAILS_RATE", default=""):
         _task_options["rate_limit"] = {"emails": env("FABRIKA_LAB_EMAILS_RATE")}
+    # tests/test_periodic.py: periodic entries for the workers it starts, as JSON.
+    if env("FABRIKA_LAB_PERIODIC", default=""):
+        _task_options["periodic"] = json.loads(env("FABRIKA_LAB_PERIODIC"))
     TASKS = {
         "default": {
             "BACKEND": "fabrika_django.tasks.FabrikaBackend",

@@ -17,6 +17,10 @@ Ids are stable and never reused; a retired id stays below as a "reserved" commen
   1, an error threshold below its warning threshold)
 - E040 a ``TASKS`` backend that is ``fabrika_django.tasks.FabrikaBackend`` without fabrika_django installed
   (``_tasks_checks``; also the backend's own ``check()``, where Django's tasks checks run and fabrika's do not)
+- E041 a periodic task's name outside ``[a-z0-9_]{1,64}``, E042 a periodic ``task`` that does not import to a
+  ``@task`` function, E043 a periodic task of another backend, E044 a bad periodic ``schedule``, E045 periodic
+  ``args``/``kwargs``/``priority`` that are no JSON list, JSON object, priority; E047 an ``OPTIONS["periodic"]``
+  that is no dict of entries, or an entry without ``task`` and ``schedule`` or with an unknown key (``_periodic``)
 - E046 a bad ``TASKS[...]["OPTIONS"]["rate_limit"]``: not a dict, a queue the backend does not serve, a rate not
   ``N/s``, ``N/m`` or ``N/h`` (``_tasks_checks``)
 - W001 a top-level ``FABRIKA_*`` setting (fabrika reads only the ``FABRIKA`` dict)
@@ -37,3 +41,4 @@ from . import _jobs, _settings, _tables  # noqa: F401  register the checks
 # by a backend made while the checks run would miss that run).
 checks.register("fabrika")(_tasks_checks.check_tasks_backends)
 checks.register("fabrika")(_tasks_checks.check_tasks_rate_limits)
+checks.register("fabrika")(_tasks_checks.check_tasks_periodic)

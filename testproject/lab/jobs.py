@@ -10,6 +10,11 @@ from fabrika_django import EmailDeliveryError, cron
 
 from .models import Effect, Item, Mark, Taken
 
+try:
+    from django.tasks.signals import task_enqueued
+except ImportError:  # Django 5.2: the backport
+    from django_tasks.signals import task_enqueued
+
 
 def _mark(ctx, note):
     with ctx.transaction():
@@ -187,3 +192,17 @@ def lab_rated(ctx):
                 Taken.objects.bulk_create([Taken(item=row.pk, due=row.due, pid=os.getpid()) for row in rows])
             for row in rows:
                 row.finish(writes=row.writes + 1)
+
+
+def _hold_after_a_periodic_enqueue(sender, task_result, **kwargs):
+    """tests/test_periodic.py: with LAB_PERIODIC_HOLD naming a file, a periodic task's enqueue (its commit done, its
+    attempt not yet ended) writes this process's pid beside it and waits while the file is there."""
+    hold = os.environ.get("LAB_PERIODIC_HOLD")
+    if hold and task_result.task.name == "mark":
+        with open(f"{hold}.seen", "w") as seen:
+            seen.write(str(os.getpid()))
+        while os.path.exists(hold):
+            time.sleep(0.02)
+
+
+task_enqueued.connect(_hold_after_a_periodic_enqueue)
