@@ -106,13 +106,14 @@ def check_tasks_rate_limits(app_configs: Sequence[AppConfig] | None = None, **kw
 
 def check_tasks_periodic(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``fabrika.E041``-``E045``, ``E047``: each fabrika backend's ``OPTIONS["periodic"]`` entries (``_periodic``)."""
-    from . import _periodic  # on use: it imports the tasks' machinery, which imports this module
-
     errors: list[checks.CheckMessage] = []
     for alias in fabrika_aliases():
         params: Any = django_settings.TASKS[alias]
         periodic = (params.get("OPTIONS") or {}).get("periodic")
         if periodic is not None:
+            # On use: it imports the tasks' machinery, which needs django.tasks (or the backport), and this module.
+            from . import _periodic
+
             errors += _periodic.problems(alias, periodic)
     return errors
 
