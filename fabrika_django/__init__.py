@@ -25,7 +25,7 @@ from .exceptions import (
 from .jobs import cron
 from .kicks import kick
 
-__version__ = "0.3.0.dev0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AttemptTimedOut",
