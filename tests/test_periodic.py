@@ -1,5 +1,6 @@
 """Periodic Django tasks (``TASKS[alias]["OPTIONS"]["periodic"]``): one task per fire, across workers and crashes."""
 
+import io
 import json
 import os
 import signal
@@ -10,13 +11,14 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 from fabrika_django import _periodic
 from fabrika_django._tasks_checks import check_tasks_periodic
 from fabrika_django._tasks_compat import task_backends
 from fabrika_django.jobs import registry
-from fabrika_django.models import Attempt, Job, QueuedTask
+from fabrika_django.models import Attempt, Job, KickRequest, QueuedTask
 from fabrika_django.testing import run_job
 
 from .workers import WorkerProcess, wait_until
@@ -114,6 +116,27 @@ def test_fabrika_job_list_shows_the_entry_s_job_with_its_next_fire(capsys):
         call_command("fabrika_job", "list")
     line = next(line for line in capsys.readouterr().out.splitlines() if JOB in line)
     assert "0 0 1 1 *" in line
+
+
+@pytest.mark.django_db
+def test_the_admin_and_status_treat_the_entry_s_job_as_a_job_and_run_now_enqueues_one_task(
+    admin_client, django_capture_on_commit_callbacks
+):
+    periodic = {"tick": {"task": MARK, "schedule": "0 0 1 1 *"}}
+    with _tasks(periodic):
+        _registered(periodic)
+        assert run_job(JOB).ok
+        assert JOB in admin_client.get(reverse("admin:fabrika_django_job_changelist")).content.decode()
+        page = admin_client.get(reverse("admin:fabrika_django_job_change", args=[JOB])).content.decode()
+        assert "0 0 1 1 *" in page
+        with django_capture_on_commit_callbacks(execute=True):
+            assert admin_client.post(reverse("admin:fabrika_django_job_run", args=[JOB])).status_code == 302
+        assert Job.objects.get(name=JOB).pending_since is not None or KickRequest.objects.filter(job=JOB).exists()
+        assert run_job(JOB).ok  # what the worker does with the kick: a run of its own, one more task
+        call_command("fabrika_job", "status", "--json", stdout=(out := io.StringIO()))
+    assert QueuedTask.objects.count() == 2
+    (state,) = [job for job in json.loads(out.getvalue())["jobs"] if job["name"] == JOB]
+    assert state["last_outcome"] == "succeeded"
 
 
 # -- real workers ----------------------------------------------------------------------------------------------
