@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,8 +134,9 @@ def _result(row: Any, task: Task) -> Any:
 # -- the system checks -----------------------------------------------------------------------------------
 
 
-def problems(alias: str, periodic: object) -> list[checks.CheckMessage]:
-    """``fabrika.E041``-``E045`` and ``E047`` for ``TASKS[alias]["OPTIONS"]["periodic"]``, each naming its entry."""
+def problems(alias: str, periodic: object, queues: Sequence[str] = ()) -> list[checks.CheckMessage]:
+    """``fabrika.E041``-``E045`` and ``E047`` for ``TASKS[alias]["OPTIONS"]["periodic"]``, each naming its entry
+    (``queues``: the backend's, whose jobs' names an entry's must not take)."""
     where = f"TASKS[{alias!r}]['OPTIONS']['periodic']"
     if not isinstance(periodic, Mapping):
         return [_error(f"{where} is not a dict of entries by name.", "fabrika.E047")]
@@ -144,6 +145,10 @@ def problems(alias: str, periodic: object) -> list[checks.CheckMessage]:
         entry = f"{where}[{name!r}]"
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             errors.append(_error(f"{entry}: the name is not 1-64 characters of a-z, 0-9 and '_'.", "fabrika.E041"))
+        elif f"periodic.{name}" in queues:
+            errors.append(
+                _error(f"{entry}: its job would be the queue 'periodic.{name}''s; rename one.", "fabrika.E041")
+            )
         shape = _shape_problem(spec)
         if shape:
             errors.append(_error(f"{entry} {shape}.", "fabrika.E047"))

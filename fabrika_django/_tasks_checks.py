@@ -114,7 +114,7 @@ def check_tasks_periodic(app_configs: Sequence[AppConfig] | None = None, **kwarg
             # On use: it imports the tasks' machinery, which needs django.tasks (or the backport), and this module.
             from . import _periodic
 
-            errors += _periodic.problems(alias, periodic)
+            errors += _periodic.problems(alias, periodic, params.get("QUEUES") or ["default"])
     return errors
 
 

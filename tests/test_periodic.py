@@ -102,6 +102,9 @@ def test_the_checks_name_each_bad_entry_with_an_id_per_kind_of_mistake():
     ]
     with _tasks(["not", "a", "dict"]):
         assert [error.id for error in check_tasks_periodic()] == ["fabrika.E047"]
+    # An entry whose job's name a queue's job has already (a queue named "periodic.<name>").
+    clash = _periodic.problems("default", {"tick": {"task": MARK, "schedule": "@daily"}}, ["default", "periodic.tick"])
+    assert [error.id for error in clash] == ["fabrika.E041"]
     # The lab's tasks are the default backend's: an entry of another backend naming one is E043.
     assert [error.id for error in _periodic.problems("other", {"theirs": {"task": MARK, "schedule": "@daily"}})] == [
         "fabrika.E043"
