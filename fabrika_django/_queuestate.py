@@ -13,12 +13,15 @@ the attempts term of one of those predicates, written the same way, so each inde
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models import Q
 from django.db.models.sql import Query
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 DEFAULT_MAX_ATTEMPTS = 10
 
@@ -93,12 +96,14 @@ def row_state_at(row: Any, now: datetime) -> str:
     return state
 
 
-def state_sql(model: type[models.Model], state: str, now: datetime | None, connection: Any) -> tuple[str, list[Any]]:
+def state_sql(
+    model: type[models.Model], state: str, now: datetime | None, connection: BaseDatabaseWrapper
+) -> tuple[str, list[Any]]:
     """Return ``state_q`` as SQL on ``model``'s table (unqualified column names), and its parameters."""
     return q_sql(model, state_q(model, state, now), connection)
 
 
-def q_sql(model: type[models.Model], condition: Q, connection: Any) -> tuple[str, list[Any]]:
+def q_sql(model: type[models.Model], condition: Q, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
     """Return a condition on ``model``'s table as SQL (unqualified column names), and its parameters."""
     query = Query(model, alias_cols=False)
     where = query.build_where(condition)

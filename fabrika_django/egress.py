@@ -25,8 +25,8 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from http.client import HTTPException
-from typing import Any
+from http.client import HTTPException, HTTPMessage, HTTPResponse
+from typing import IO, Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 
@@ -164,7 +164,9 @@ class _DeclaredRedirects(urllib.request.HTTPRedirectHandler):
         self.job_name = job_name
         self.allowed = allowed
 
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
         try:
             origin = _checked_origin(self.job_name, newurl, self.allowed)
         except EgressRefused:
@@ -240,7 +242,7 @@ class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
         super().__init__(context=self._tls)
         self._deadline = deadline
 
-    def https_open(self, req: Any) -> Any:
+    def https_open(self, req: urllib.request.Request) -> HTTPResponse:
         connection = functools.partial(_WatchedHTTPSConnection, deadline=self._deadline)
         return self.do_open(connection, req, context=self._tls)
 

@@ -37,6 +37,8 @@ from .conf import settings
 from .exceptions import CapabilityRefused, WriteOutsideTransaction
 
 if TYPE_CHECKING:
+    from django.db import models
+
     from .jobs import CronJob
 
 _ACTION_OF_VERB = {"INSERT": "add", "REPLACE": "add", "UPDATE": "change", "DELETE": "delete", "TRUNCATE": "delete"}
@@ -257,7 +259,7 @@ def _more_tables(statement: list[tuple[Any, str]], index: int, verb: str) -> boo
     return False
 
 
-def _model_of_table(table: str) -> Any:
+def _model_of_table(table: str) -> type[models.Model] | None:
     tables = _models_by_table()
     return tables.get(table) or tables.get(table.lower())
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import reduce
 from operator import or_
@@ -150,7 +150,7 @@ def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
     return run
 
 
-def _refuse_own_fields(method: str, values: dict[str, Any]) -> None:
+def _refuse_own_fields(method: str, values: Mapping[str, object]) -> None:
     clash = _OWN_FIELDS.intersection(values)
     if clash:
         raise TypeError(
@@ -159,7 +159,7 @@ def _refuse_own_fields(method: str, values: dict[str, Any]) -> None:
         )
 
 
-def _refuse_bad_batch(model: type[models.Model], batch: list[Any]) -> None:
+def _refuse_bad_batch(model: type[models.Model], batch: Sequence[object]) -> None:
     seen = set()
     for row in batch:
         if not isinstance(row, model):

@@ -24,7 +24,7 @@ MAX_DAYS = 3650
 _SALT = "fabrika_django.tokens:"
 
 
-def sign(purpose: str, claims: Mapping[str, Any], *, days: float, now: datetime | None = None) -> str:
+def sign(purpose: str, claims: Mapping[str, object], *, days: float, now: datetime | None = None) -> str:
     """Return a URL-safe token carrying ``claims`` for ``purpose``, valid for ``days`` from ``now``."""
     _check_purpose(purpose)
     if not isinstance(claims, Mapping):
@@ -65,7 +65,7 @@ class Tokens:
         self._purposes = purposes
         self._clock = clock
 
-    def sign(self, purpose: str, claims: Mapping[str, Any], *, days: float) -> str:
+    def sign(self, purpose: str, claims: Mapping[str, object], *, days: float) -> str:
         """Return a token for ``purpose`` (declared in ``signs``) carrying ``claims``, valid for ``days``."""
         self._check_declared(purpose)
         return sign(purpose, claims, days=days, now=self._clock())
@@ -84,7 +84,9 @@ class Tokens:
             )
 
 
-def absolute_url(name: str, *, query: Mapping[str, Any] | None = None, kwargs: Mapping[str, Any] | None = None) -> str:
+def absolute_url(
+    name: str, *, query: Mapping[str, object] | None = None, kwargs: Mapping[str, object] | None = None
+) -> str:
     """Return ``BASE_URL`` joined with the path of the view ``name`` and ``query`` as its query string."""
     try:
         path = reverse(name, kwargs=dict(kwargs or {}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection as default_connection
 from django.db import connections, router
@@ -13,6 +13,9 @@ from django.db import connections, router
 from .._signal import AbortSignal
 from .._sql import fence as fence_sql
 from ..exceptions import LeaseLost
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -72,7 +75,7 @@ class LeaseFence:
                 "the next run picks up."
             )
 
-    def _hold_with_cursor(self, connection: Any) -> bool:
+    def _hold_with_cursor(self, connection: BaseDatabaseWrapper) -> bool:
         """Every backend but PostgreSQL: the fence's statement through a cursor; True if the lease is held."""
         with connection.cursor() as cursor:
             if connection.vendor == "sqlite":
@@ -88,7 +91,7 @@ class LeaseFence:
                 held = cursor.fetchone() is not None
         return held
 
-    def _statement(self, connection: Any) -> tuple[str, list[Any]]:
+    def _statement(self, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
         """Return the fence's statement (``_sql.fence.hold_lease``) and its parameters: the lease row's id, token.
 
         On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).
@@ -98,7 +101,7 @@ class LeaseFence:
         token = Lease._meta.get_field("token").get_db_prep_value(self.token, connection)
         return fence_sql.hold_lease(connection), [self.lease_id, token]
 
-    def _begin_with(self, connection: Any) -> bool:
+    def _begin_with(self, connection: BaseDatabaseWrapper) -> bool:
         """PostgreSQL: take the fence's lock and check the token, in the round trip of the BEGIN; True if held.
 
         Two statements, in this order: ``SELECT pg_advisory_xact_lock_shared(...)``, then the token check. The
@@ -144,7 +147,7 @@ class LeaseFence:
         level = result.get_value(0, 0)
         return self._checked_at(connection, level.decode() if level is not None else "")
 
-    def _checked_at(self, connection: Any, level: str) -> bool:
+    def _checked_at(self, connection: BaseDatabaseWrapper, level: str) -> bool:
         """True if the token check, run at isolation ``level``, answers for the rest of the transaction."""
         if level == "read committed":
             return True

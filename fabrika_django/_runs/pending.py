@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, router, transaction
 from django.db.models import Exists
@@ -19,6 +19,9 @@ from .._running import framework_write
 from .._sql import cache_dict, prepared
 from .._sql import runs as run_sql
 from ..models._tables import Job, KickRequest, Lease
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -64,7 +67,7 @@ def take_kicks(names: list[str], *, using: str | None = None) -> list[str]:
     return sorted(set(taken))
 
 
-def _take_kicks_locked(connection: Any, names: list[str]) -> tuple[list[str], list[str]]:
+def _take_kicks_locked(connection: BaseDatabaseWrapper, names: list[str]) -> tuple[list[str], list[str]]:
     """The other databases' ``take_kicks``: a plain read first (nothing to take, nothing locked), then a
     transaction that locks the rows (MariaDB/MySQL: skipping those another worker holds; SQLite: the write lock),
     deletes them and sets the flags."""

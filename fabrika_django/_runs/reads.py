@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection as default_connection
 from django.db.models import Count, Exists, Min, OuterRef, Subquery
@@ -17,6 +17,9 @@ from .._sql import runs as run_sql
 from ..models._tables import Attempt, Job, KickRequest, Lease, Outcome
 from .pending import waiting_kicks
 from .rows import lanes_of, lease_active
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -48,18 +51,18 @@ def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
     return states
 
 
-def active_annotation(now: datetime) -> Any:
+def active_annotation(now: datetime) -> Exists:
     """An ``Exists`` to annotate a ``Job`` queryset with ``active`` (the jobs admin)."""
     return Exists(Lease.objects.filter(lease_active(now), job=OuterRef("name")))
 
 
-def active_lanes_annotation(now: datetime) -> Any:
+def active_lanes_annotation(now: datetime) -> Coalesce:
     """A subquery to annotate a ``Job`` queryset with ``active_lanes``: its runs active now (the jobs admin)."""
     active = Lease.objects.filter(lease_active(now), job=OuterRef("name")).order_by()
     return Coalesce(Subquery(active.values("job").annotate(count=Count("pk")).values("count")), 0)
 
 
-def kicked_annotation() -> Any:
+def kicked_annotation() -> Exists:
     """An ``Exists`` to annotate a ``Job`` queryset with ``kicked``: a kick row no worker has taken yet."""
     return Exists(KickRequest.objects.filter(job=OuterRef("name")))
 
@@ -181,7 +184,7 @@ class KickWait:
         return first_attempt_started(self.job, self.holder, kicked)
 
 
-def attempt_hours_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[Any]]:
     """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
 
     Per job, hour (UTC) of the start, outcome and duration bucket (``_digest.bucket_sql``; null while running) of

@@ -8,7 +8,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection as default_connection
 from django.db.models import F, Q, Value
@@ -19,6 +19,9 @@ from .._sql import runs as run_sql
 from ..conf import settings
 from ..jobs import registry
 from ..models._tables import Job, Lease, Outcome
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -132,7 +135,7 @@ def _lock_job_row(name: str) -> bool:
     return bool(Job.objects.filter(name=name).update(failures_in_row=F("failures_in_row")))
 
 
-def _lock_job_row_bounded(connection: Any, name: str) -> bool:
+def _lock_job_row_bounded(connection: BaseDatabaseWrapper, name: str) -> bool:
     """PostgreSQL: lock the Job row, and end this transaction's session if it sits idle past two leases.
 
     Every start and end of a run holds the Job row for a few statements. A process stopped in between (SIGSTOP,

@@ -21,11 +21,15 @@ import functools
 import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.apps import apps
 
 from .._caches import resets_with_settings
+
+if TYPE_CHECKING:
+    from django.db import models
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -48,12 +52,12 @@ def cache_dict(*, weak: bool = False) -> Any:
     return resets_with_settings(weakref.WeakKeyDictionary() if weak else {})
 
 
-def table(connection: Any, model_name: str) -> str:
+def table(connection: BaseDatabaseWrapper, model_name: str) -> str:
     """The quoted table of fabrika's model ``model_name`` (``"Job"``, ``"Lease"``…) on ``connection``."""
     return str(connection.ops.quote_name(apps.get_model("fabrika_django", model_name)._meta.db_table))
 
 
-def quoted(connection: Any, model: Any, *names: str) -> list[str]:
+def quoted(connection: BaseDatabaseWrapper, model: type[models.Model], *names: str) -> list[str]:
     """The model's quoted table name, then the quoted column of each field named (``"pk"`` too)."""
     opts = model._meta
     fields: list[Any] = [opts.pk if name == "pk" else opts.get_field(name) for name in names]

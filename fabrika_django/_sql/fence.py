@@ -5,9 +5,12 @@ wait for the fence (MariaDB/MySQL).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import table
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 #: The fence's advisory lock's first key: "fabr" in ASCII, apart from an application's own keys.
 FENCE_LOCK_CLASS = 0x66616272
@@ -23,7 +26,7 @@ def fence_lock() -> str:
     return f"SELECT {_fence_mark('%s')}"
 
 
-def hold_lease(connection: Any) -> str:
+def hold_lease(connection: BaseDatabaseWrapper) -> str:
     """The fence's lock of the lease row (``_runs.fence.LeaseFence.hold``). Parameters: the Lease row's id, token."""
     leases = table(connection, "Lease")
     if connection.vendor == "sqlite":
@@ -42,7 +45,7 @@ def hold_lease(connection: Any) -> str:
     return f"SELECT 1 FROM {leases} WHERE id = %s AND token = %s FOR UPDATE"  # noqa: S608  quoted name
 
 
-def hold_lease_locked(connection: Any) -> str:
+def hold_lease_locked(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL, above READ COMMITTED: the token check that also locks the row (see ``_runs.fence``). Id, token."""
     leases = table(connection, "Lease")
     return f"SELECT 1 FROM {leases} WHERE id = %s AND token = %s FOR KEY SHARE"  # noqa: S608  quoted name
@@ -54,7 +57,7 @@ def lock_fences(inner: str) -> str:
     return f"SELECT held.id, pg_advisory_xact_lock({FENCE_LOCK_CLASS}, held.id) FROM ({inner}) AS held"  # noqa: S608
 
 
-def end_frozen_fences(connection: Any) -> str:
+def end_frozen_fences(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL: end the other sessions holding the fence's lock of a lease whose token expired; answers how
     many. Parameters: the Lease row's id, twice."""
     return (
@@ -69,7 +72,7 @@ def end_frozen_fences(connection: Any) -> str:
     )
 
 
-def renew_by_primary_key(connection: Any) -> str:
+def renew_by_primary_key(connection: BaseDatabaseWrapper) -> str:
     """MariaDB/MySQL: the renewal through the primary key only, which the optimizer is told (``_runs.lease``).
 
     Parameters: the microseconds granted, the Lease row's id, its token.

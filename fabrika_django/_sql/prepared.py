@@ -14,20 +14,26 @@ import hashlib
 import re
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import cache, cache_dict
 
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper, _SQLType
+
+    _Params = Sequence[_SQLType] | Mapping[str, _SQLType]  # what Django's cursor takes, None aside
+
 # For each psycopg connection, the names of the statements it prepared. Behind a pooler the server session
 # under a connection changes, so this is a hint only: a statement found missing is prepared again.
-_known: weakref.WeakKeyDictionary[Any, set[str]] = cache_dict(weak=True)
+_known: weakref.WeakKeyDictionary[object, set[str]] = cache_dict(weak=True)
 
 _MISSING = "26000"  # invalid_sql_statement_name: no prepared statement of that name in this session
 _DUPLICATE = "42P05"  # duplicate_prepared_statement: another try prepared it first in this session
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?s")
 
 
-def fetchone(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[Any, ...] | None:
+def fetchone(connection: BaseDatabaseWrapper, sql: str, params: _Params) -> tuple[Any, ...] | None:
     """Run ``sql`` as a prepared statement on Django's ``connection``; return a row.
 
     Placeholders are ``%s`` with a list of parameters, or ``%(name)s`` with a dict. Inside a transaction, and
@@ -39,21 +45,21 @@ def fetchone(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any
         return cursor.fetchone()
 
 
-def fetchall(connection: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
+def fetchall(connection: BaseDatabaseWrapper, sql: str, params: _Params) -> list[tuple[Any, ...]]:
     """As ``fetchone``, answering every row."""
     with connection.cursor() as cursor:
         _execute(connection, cursor, sql, params)
         return cursor.fetchall()
 
 
-def _execute(connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+def _execute(connection: BaseDatabaseWrapper, cursor: CursorWrapper, sql: str, params: _Params) -> None:
     if connection.in_atomic_block or connection.settings_dict["OPTIONS"].get("server_side_binding"):
         cursor.execute(sql, params)
         return
     _execute_prepared(connection, cursor, sql, params)
 
 
-def _execute_prepared(connection: Any, cursor: Any, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+def _execute_prepared(connection: BaseDatabaseWrapper, cursor: CursorWrapper, sql: str, params: _Params) -> None:
     """Run ``sql`` as its prepared statement, leaving its rows in ``cursor``."""
     name, prepare, names = _statement(sql)
     values = [params[key] for key in names] if isinstance(params, Mapping) else list(params)
@@ -75,7 +81,7 @@ def _execute_prepared(connection: Any, cursor: Any, sql: str, params: Sequence[A
     cursor.execute(sql, params)
 
 
-def _try(cursor: Any, sql: str, params: Sequence[Any], *, ok: tuple[str, ...]) -> bool:
+def _try(cursor: CursorWrapper, sql: str, params: Sequence[_SQLType], *, ok: tuple[str, ...]) -> bool:
     """Execute; False when the database refused with one of the ``ok`` states (anything else raises)."""
     try:
         cursor.execute(sql, params)

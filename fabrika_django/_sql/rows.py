@@ -7,7 +7,10 @@ expression, a parent model's field) goes to the ORM. Every name passed in is quo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def write_lock(quoted_table: str, quoted_column: str) -> str:
@@ -15,7 +18,7 @@ def write_lock(quoted_table: str, quoted_column: str) -> str:
     return f"UPDATE {quoted_table} SET {quoted_column} = {quoted_column} WHERE 1 = 0"  # noqa: S608  quoted names
 
 
-def pks_in(connection: Any, column: str, pks: list[Any]) -> tuple[str, list[Any]]:
+def pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[Any]) -> tuple[str, list[Any]]:
     """``column`` in ``pks`` as SQL and parameters."""
     if connection.vendor == "postgresql":
         # One array parameter, not a placeholder a row: psycopg's client-side binding parses a statement of
@@ -57,7 +60,7 @@ def returning(sql: str, column: str) -> str:
     return f"{sql} RETURNING {column}"
 
 
-def db_pks(model: Any, connection: Any, pks: list[Any]) -> list[Any]:
+def db_pks(model: Any, connection: BaseDatabaseWrapper, pks: list[Any]) -> list[Any]:
     """``pks`` as the database takes and answers them (integers as they are)."""
     from django.db import models
 

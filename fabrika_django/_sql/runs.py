@@ -6,10 +6,13 @@ Each takes the connection it runs on and answers its SQL; parameters are named i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..conf import settings
 from . import table
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def bookkeeping_commit() -> str:
@@ -28,7 +31,7 @@ def bookkeeping_commit() -> str:
     return ", (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
 
 
-def job_lock_bounded(connection: Any) -> str:
+def job_lock_bounded(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL: lock the Job row and bound how long this transaction may sit idle (``_runs.rows``).
 
     Parameters: the bound in milliseconds (text), the job's name. Answers a row when the job has one.
@@ -39,17 +42,17 @@ def job_lock_bounded(connection: Any) -> str:
     )
 
 
-def kick_insert(connection: Any) -> str:
+def kick_insert(connection: BaseDatabaseWrapper) -> str:
     """A kick row on the databases other than PostgreSQL. Parameters: the job's name, the time."""
     return f"INSERT INTO {table(connection, 'KickRequest')} (job, created) VALUES (%s, %s)"  # noqa: S608  quoted name
 
 
-def write_lock(connection: Any, quoted_table: str, quoted_column: str) -> str:
+def write_lock(connection: BaseDatabaseWrapper, quoted_table: str, quoted_column: str) -> str:
     """SQLite: a write that matches nothing, which takes the database write lock in the open transaction."""
     return f"UPDATE {quoted_table} SET {quoted_column} = {quoted_column} WHERE 1 = 0"  # noqa: S608  quoted names
 
 
-def mark_pending_plain(connection: Any) -> str:
+def mark_pending_plain(connection: BaseDatabaseWrapper) -> str:
     """``mark_pending`` on the databases other than PostgreSQL: the flag alone. Parameters: the time, the name."""
     return (
         f"UPDATE {table(connection, 'Job')} SET pending_since = %s "  # noqa: S608  quoted name
@@ -61,7 +64,7 @@ def mark_pending_plain(connection: Any) -> str:
 NOTIFY = "SELECT pg_notify(%s, %s)"
 
 
-def kick(connection: Any) -> str:
+def kick(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL's kick: the row and the NOTIFY in one statement (bench/kick_latency.py runs it alone).
 
     Parameters: name, channel. ``kick_cte`` is the same row as a CTE, for a statement that inserts a queue row.
@@ -69,13 +72,13 @@ def kick(connection: Any) -> str:
     return f"WITH {kick_cte(connection)} SELECT pg_notify(%(channel)s, %(name)s)"
 
 
-def kick_cte(connection: Any) -> str:
+def kick_cte(connection: BaseDatabaseWrapper) -> str:
     """A ``WITH`` item that inserts a kick of ``%(name)s`` (PostgreSQL); the statement adds the NOTIFY."""
     kicks = table(connection, "KickRequest")
     return f"kick AS (INSERT INTO {kicks} (job, created) VALUES (%(name)s, statement_timestamp()))"  # noqa: S608
 
 
-def take_kicks(connection: Any) -> str:
+def take_kicks(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL's ``take_kicks`` in one statement: the jobs taken, and those of them with a ``Job`` row.
 
     Its commit is a bookkeeping commit (``bookkeeping_commit``): lost in a database crash, it comes back as the
@@ -93,7 +96,7 @@ def take_kicks(connection: Any) -> str:
     )
 
 
-def mark_pending(connection: Any) -> str:
+def mark_pending(connection: BaseDatabaseWrapper) -> str:
     """PostgreSQL's ``mark_pending``: the flag and the NOTIFY in one round trip. Parameters: name, channel.
 
     The EXISTS reads the row as it was before the UPDATE, which tells "already pending" (nothing to do) from
@@ -108,7 +111,7 @@ def mark_pending(connection: Any) -> str:
 
 
 def free_lease_start(
-    connection: Any, *, require_pending: bool, lanes: int = 1, claim: tuple[str, str] | None = None
+    connection: BaseDatabaseWrapper, *, require_pending: bool, lanes: int = 1, claim: tuple[str, str] | None = None
 ) -> str:
     """The start of a run on a free lease in one statement (``_runs.start``; bench/kick_latency.py runs it alone,
     as the database's floor).
@@ -168,7 +171,7 @@ def free_lease_start(
     )
 
 
-def job_states(connection: Any, count: int, now: str) -> str:
+def job_states(connection: BaseDatabaseWrapper, count: int, now: str) -> str:
     """The worker's scan (``_runs.reads.StateReader``): per job its pending flag, lane ask, next fire, and its
     lanes' leases counted active (a token, ``expires`` ahead) and left expired, by the database's clock ``now``
     (an SQL expression). Parameters: the ``count`` job names."""
@@ -183,7 +186,7 @@ def job_states(connection: Any, count: int, now: str) -> str:
     )
 
 
-def attempt_hours(connection: Any, bucket: str) -> str:
+def attempt_hours(connection: BaseDatabaseWrapper, bucket: str) -> str:
     """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
 
     Per job, hour (UTC) of the start, outcome and duration bucket (``bucket``, an SQL expression; null while

@@ -19,6 +19,12 @@ from .._queuestate import STATES, row_state_at, state_q
 from .._requeue import RunningTasks, requeue_rows
 from ._display import moment, relative
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from django.urls import URLPattern
+
+    from ..models import QueueModel
+
 _relative = relative  # the name the jobs page and the overview import
 
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
@@ -43,7 +49,7 @@ def _flat(lines: Any) -> list[str]:
     return [name for line in lines for name in (line if isinstance(line, (list, tuple)) else (line,))]
 
 
-def _badge(state: str, label: Any) -> str:
+def _badge(state: str, label: object) -> str:
     return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
 
 
@@ -56,7 +62,7 @@ class StateListFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return STATES
 
-    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value not in dict(STATES):
             return queryset
@@ -106,7 +112,7 @@ class QueueModelAdminMixin(_AdminBase):
         filters = list(super().get_list_filter(request))
         return filters if StateListFilter in filters else [StateListFilter, *filters]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: QueueModel | None = None) -> list[str]:
         fields = list(super().get_readonly_fields(request, obj))
         return [*fields, *(name for name in _READ_ONLY if name not in fields)]
 
@@ -125,20 +131,20 @@ class QueueModelAdminMixin(_AdminBase):
         return [(_("Queue"), {"fields": [_READ_ONLY[:3], _READ_ONLY[3:]]}), *rest]
 
     @admin.display(description=_("state"), ordering="due")
-    def queue_state(self, row: Any) -> str:
+    def queue_state(self, row: QueueModel) -> str:
         state = row_state_at(row, timezone.now())
         return _badge(state, dict(STATES)[state])
 
     @admin.display(description=_("due"), ordering="due")
-    def queue_due(self, row: Any) -> str:
+    def queue_due(self, row: QueueModel) -> str:
         return moment(row.due, timezone.now())
 
     @admin.action(description=_("Requeue selected"), permissions=["change"])
-    def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[QueueModel]) -> None:
         """Make each selected waiting or dead row due now with no attempts; leave done rows and changed rows."""
         self._requeue(request, queryset)
 
-    def _requeue(self, request: HttpRequest, rows: Any) -> None:
+    def _requeue(self, request: HttpRequest, rows: QuerySet[QueueModel] | list[QueueModel]) -> None:
         """Requeue ``rows`` (a queryset, or the one row a page showed) and say what was done."""
         try:
             done = requeue_rows(rows, self.model, on_requeued=lambda row: self.log_change(request, row, _REQUEUED))
@@ -174,7 +180,7 @@ class QueueModelAdminMixin(_AdminBase):
                 messages.INFO,
             )
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         opts = self.model._meta
         view = self.admin_site.admin_view(self._requeue_view)
         mine = [path("<path:object_id>/requeue/", view, name=f"{opts.app_label}_{opts.model_name}_requeue")]

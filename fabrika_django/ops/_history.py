@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, router
 from django.db.models import Max
@@ -23,6 +23,9 @@ from .. import _digest
 from .._runs import reads as run_reads
 from ..models._tables import Attempt, AttemptHour, FoldedHour, Outcome, QueueSample
 from . import _counts
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 HOURS = 24
 
@@ -161,7 +164,7 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
         yield job, hour, outcome, bucket, count
 
 
-def hourly_sql(connection: Any, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+def hourly_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[Any]]:
     """PostgreSQL's statement of an hour's fold (``_sql.runs`` writes it; bench/overview.py explains it)."""
     return run_reads.attempt_hours_sql(connection, since, until)
 
