@@ -84,23 +84,23 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
     pictures = job_pictures([registered.name for registered in registry], now)
     for state in job_states(now):
         try:
-            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state["name"])])
+            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state.name)])
         except NoReverseMatch:
             url = None
         rows.append(
             {
-                "name": state["name"],
+                "name": state.name,
                 "url": url,
-                "active": state["active"],
-                "active_lanes": state["active_lanes"],
-                "lanes": state["lanes"],
-                "pending": state["pending"],
-                "last_outcome": state["last_outcome"],
-                "last_finished": state["last_finished"],
-                "last_success": state["last_success"],
-                "failures_in_row": state["failures_in_row"],
-                "last_success_words": _relative(state["last_success"], now) if state["last_success"] else None,
-                "picture": pictures[state["name"]],
+                "active": state.active,
+                "active_lanes": state.active_lanes,
+                "lanes": state.lanes,
+                "pending": state.pending,
+                "last_outcome": state.last_outcome,
+                "last_finished": state.last_finished,
+                "last_success": state.last_success,
+                "failures_in_row": state.failures_in_row,
+                "last_success_words": _relative(state.last_success, now) if state.last_success else None,
+                "picture": pictures[state.name],
             }
         )
     return rows
