@@ -46,7 +46,7 @@ def idle_transaction_seconds() -> int:
     return max(1, math.ceil(float(settings.LEASE_SECONDS)))
 
 
-def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+def _on_connection_created(sender: Any, connection: Any, **kwargs: object) -> None:
     _bound(connection)
 
 
