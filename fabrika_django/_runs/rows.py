@@ -14,7 +14,7 @@ from django.db import connection as default_connection
 from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
-from .._running import framework_write
+from .._running import ClaimedAtStart, framework_write
 from .._sql import runs as run_sql
 from ..conf import settings
 from ..jobs import registry
@@ -50,9 +50,8 @@ class Started:
     lease_id: int = 0
     #: The job's lanes when the run started.
     lanes: int = 1
-    #: (database alias, rows) of the first claim made in the start's own statement
-    #: (``_running.CLAIMS_AT_START``), else None.
-    claimed: tuple[str, list[tuple[Any, ...]]] | None = None
+    #: The first claim made in the start's own statement (``_running.CLAIMS_AT_START``), else None.
+    claimed: ClaimedAtStart | None = None
 
 
 def lease_active(now: datetime) -> Q:
