@@ -14,9 +14,9 @@ from django.db import connection as default_connection
 from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
+from .._lease_time import lease_seconds
 from .._running import ClaimedAtStart, framework_write
 from .._sql import runs as run_sql
-from ..conf import settings
 from ..jobs import registry
 from ..models._tables import Job, Lease, Outcome
 
@@ -82,11 +82,6 @@ def own_row(lease: Started) -> Any:
 LEASE_MARGIN_SECONDS = 1.0
 
 
-def lease_seconds(job: Any) -> float:
-    """How long each grant of ``job``'s lease lasts: ``LEASE_SECONDS``, at most its timeout, at least a second."""
-    return max(1.0, min(float(settings.LEASE_SECONDS), job.timeout.total_seconds()))
-
-
 def inline_lease_seconds(job: Any) -> float:
     """The one grant of a run inline in a caller's transaction, which cannot renew: its timeout and the margin."""
     return float(job.timeout.total_seconds()) + LEASE_MARGIN_SECONDS
@@ -104,7 +99,7 @@ def expires_in(seconds: float) -> Any:
 
 def frozen_holder_bound() -> float:
     """Seconds after which a session idle inside the Job row's lock is ended: two leases."""
-    return 2 * max(1.0, float(settings.LEASE_SECONDS))
+    return 2 * lease_seconds()
 
 
 def ensure_rows(names: list[str]) -> None:
