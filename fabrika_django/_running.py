@@ -51,6 +51,16 @@ class Fence(Protocol):
     def hold(self, using: str | None) -> None: ...
 
 
+@dataclass(frozen=True)
+class ClaimedAtStart:
+    """The rows a claim riding in a run's start answered (``CLAIMS_AT_START``), on which database, at which
+    ``now`` (the instant its backoff counted from)."""
+
+    using: str
+    now: datetime
+    rows: list[tuple[Any, ...]]
+
+
 @dataclass
 class AttemptState:
     """What the runner hands one attempt beside its ``JobContext``, for the framework's own code under it.
@@ -62,9 +72,9 @@ class AttemptState:
     fence: Fence
     #: What the run's claims say about its backlog (None outside the runner).
     demand: LaneDemand | None = None
-    #: (alias, rows) a task queue's first claim answered in the run's start (``CLAIMS_AT_START``): the first
-    #: attempt's only, taken by its first claim.
-    claimed_at_start: tuple[str, list[tuple[Any, ...]]] | None = None
+    #: What a task queue's first claim answered in the run's start (``CLAIMS_AT_START``): the first attempt's
+    #: only, taken by its first claim.
+    claimed_at_start: ClaimedAtStart | None = None
     #: Connections of ctx.executor() threads, which the runner cuts off with the handler's.
     pool_connections: list[BaseDatabaseWrapper] = field(default_factory=list)
     #: What to close when the attempt ends (the mail transport's connection).

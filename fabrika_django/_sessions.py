@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from django.db import connections
 from django.db.backends.signals import connection_created
 
+from ._lease_time import lease_seconds
 from ._sql import sessions as sql
-from .conf import settings
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,7 +46,7 @@ def bound_idle_transactions() -> None:
 
 def idle_transaction_seconds() -> int:
     """One lease, in whole seconds (the server's unit)."""
-    return max(1, math.ceil(float(settings.LEASE_SECONDS)))
+    return math.ceil(lease_seconds())
 
 
 def _on_connection_created(sender: object, connection: BaseDatabaseWrapper, **kwargs: object) -> None:
@@ -55,7 +55,7 @@ def _on_connection_created(sender: object, connection: BaseDatabaseWrapper, **kw
 
 def dead_client_settings() -> list[str]:
     """PostgreSQL's keepalive idle, interval and count (seconds, seconds, probes) and user timeout (ms)."""
-    lease = max(1.0, float(settings.LEASE_SECONDS))
+    lease = lease_seconds()
     return [str(math.ceil(lease)), str(math.ceil(lease / 3)), "3", str(math.ceil(lease * 1000))]
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
     from ._running import ActiveRun
 
+logger = logging.getLogger(__name__)
+
 MAX_CLAIM = 500
 # The fields the framework writes itself: finish() clears due, requeue() resets attempts, every write bumps version.
 _OWN_FIELDS = frozenset({"attempts", "due", "version"})
@@ -53,6 +56,10 @@ class QueueQuerySet(models.QuerySet[_M]):
 
     #: The order claim() takes due rows in; a queue of its own (Django tasks: priority first) may change it.
     _claim_order: tuple[str, ...] = run_claim.CLAIM_ORDER
+    #: On MariaDB/MySQL, a field whose every value the claim names, and those values: there the claim index is
+    #: built whole (no partial indexes), and named one by one the values make one range of due rows each, read
+    #: in the index's order (Django tasks: every priority, which the table's check constraint bounds).
+    _claim_ranges: tuple[str, Sequence[Any]] | None = None
 
     def waiting(self) -> QueueQuerySet[_M]:
         """Narrow to rows with ``due`` set and attempts below the model's ``max_attempts``."""
@@ -75,9 +82,12 @@ class QueueQuerySet(models.QuerySet[_M]):
 
         Terminal. Takes the oldest due rows first (then by pk), skipping rows another session holds, in a
         short transaction of its own: two statements however many rows (three on SQLite, which takes its
-        write lock first; on PostgreSQL one, for the manager's own rows without ``where``). Each claimed row
+        write lock first; on PostgreSQL one, for the manager's own rows and a ``where`` on the table's own
+        columns, such as ``Q(kind="welcome")``). Each claimed row
         gets one more attempt, a new version, and ``due`` moved by the backoff, so a crash leaves it due again
-        later. Runs only inside a job run, never inside ``ctx.transaction()``.
+        later. A row whose columns cannot be read back (JSON nested deeper than Python decodes, written outside
+        the ORM) is given up alone: dead at once, ``last_failure`` ``row_undecodable``. Runs only inside a job
+        run, never inside ``ctx.transaction()``.
         """
         run = _refuse_bad_claim(limit, where)
         using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
@@ -86,12 +96,30 @@ class QueueQuerySet(models.QuerySet[_M]):
                 "claim() runs in a short transaction of its own and cannot run inside transaction.atomic(): "
                 "its row locks would last as long as that block; claim outside it."
             )
-        return run_claim.claim(self, using, run, where, limit, plain=_is_plain(self))
+        return run_claim.claim(self._claimable(), using, run, where, limit)
+
+    def _claimable(self) -> run_claim.Claimable:
+        """What claim() hands the pipeline: these rows, their claim order, how to read them and give them up."""
+        return run_claim.Claimable(self, self._claim_order, self._claim_query, _is_plain(self), self._give_up)
 
     def _claim_query(self, using: str, now: datetime, where: Q | None) -> QueueQuerySet[_M]:
         """The claim's rows, in claim order, unlocked and unlimited."""
         # due is not read back: the claim writes it, and loading a datetime costs more than the rest of a row.
-        return self.using(using).due_now(now).filter(where or Q()).order_by(*self._claim_order).defer("due")
+        rows = self.using(using).due_now(now).filter(where or Q()).order_by(*self._claim_order).defer("due")
+        if self._claim_ranges is not None and connections[using].vendor == "mysql":
+            field, values = self._claim_ranges
+            rows = rows.filter(**{f"{field}__in": values})
+        return rows
+
+    def _give_up(self, using: str, rows: list[tuple[Any, int]]) -> None:
+        """Give up claimed rows that could not be decoded, by (pk, version): dead at once, since no retry helps.
+
+        Logged by id and a fixed code; the row's columns are never read into memory.
+        """
+        for pk, version in rows:
+            given_up = self.model._base_manager.using(using).filter(pk=pk, version=version)
+            given_up.update(attempts=max_attempts_of(self.model), last_failure="row_undecodable", version=version + 1)
+            logger.warning("Row given up model=%s id=%s code=row_undecodable", self.model._meta.label, pk)
 
     def finish_all(self, rows: Iterable[_M], /, **values: Any) -> list[_M]:
         """Finish many claimed rows in one statement; return the rows that changed since (the conflicts).

@@ -25,12 +25,13 @@ from django.utils import timezone
 
 from . import _metrics
 from ._execute import execute
+from ._lease_time import lease_seconds
 from ._running import AttemptState, LaneDemand
 from ._runs import lease as run_lease
 from ._runs import rows as run_rows
 from ._runs import start as run_start
 from ._runs.fence import LeaseFence
-from ._runs.rows import inline_lease_seconds, lease_seconds, valid_until
+from ._runs.rows import inline_lease_seconds, valid_until
 from ._signal import AbortSignal
 from .backoff import retry_pause
 from .conf import settings

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import psycopg
 import pytest
 from django.db import connection
-from django.db.models import Q
+from django.db.models import F, Q
 from django.test.utils import CaptureQueriesContext
 
 from fabrika_django import kicks, runner
@@ -162,12 +162,29 @@ def test_eight_threads_claiming_in_lanes_each_claim_one_statement_claim_every_ro
     assert set(Item.objects.values_list("attempts", "version", "due")) == {(1, 1, NOON + timedelta(minutes=1))}
 
 
-def test_a_claim_with_where_or_on_a_filtered_queryset_goes_the_long_way_and_stays_correct():
+def test_a_claim_with_a_where_on_its_own_columns_is_one_statement_that_honours_it():
     runner.sync_jobs([LANES_JOB])
     _due_items(6)
     odd = list(Item.objects.filter(n__in=[1, 3, 5]).order_by("pk").values_list("pk", flat=True))
     with _lanes_run(LaneDemand(LANES_JOB, 8)), CaptureQueriesContext(connection) as queries:
         assert [row.pk for row in Item.objects.claim(limit=2, where=Q(n__in=[1, 3, 5]))] == odd[:2]
-        assert [row.pk for row in Item.objects.filter(n__in=[1, 3, 5]).claim(limit=2)] == odd[2:]
+        assert [row.pk for row in Item.objects.claim(limit=2, where=Q(n__in=[1, 3, 5]) | Q(n=5))] == odd[2:]
+        assert Item.objects.claim(limit=2, where=Q(n__in=[1, 3, 5])) == []
+    assert len(queries) == 3  # one statement each: read, lease and ask
+    assert _lane_asked()  # the first was full: it asked in its statement
+    assert set(Item.objects.filter(pk__in=odd).values_list("attempts", flat=True)) == {1}
+    assert set(Item.objects.exclude(pk__in=odd).values_list("attempts", flat=True)) == {0}
+    with _lanes_run(LaneDemand(LANES_JOB, 8)):
+        assert Item.objects.claim(limit=2, where=Q(n__in=[])) == []  # no row can match: nothing claimed
+        assert len(Item.objects.claim(limit=2, where=~Q(n__in=[]))) == 2  # every row can
+
+
+def test_a_claim_on_a_filtered_queryset_goes_the_long_way_and_stays_correct():
+    runner.sync_jobs([LANES_JOB])
+    _due_items(6)
+    odd = list(Item.objects.filter(n__in=[1, 3, 5]).order_by("pk").values_list("pk", flat=True))
+    with _lanes_run(LaneDemand(LANES_JOB, 8)), CaptureQueriesContext(connection) as queries:
+        assert [row.pk for row in Item.objects.filter(n__in=[1, 3, 5]).claim(limit=2)] == odd[:2]
+        assert [row.pk for row in Item.objects.claim(limit=2, where=Q(n__in=[1, 3, 5], writes__lt=F("n")))] == odd[2:]
     assert len(queries) > 2  # BEGIN, read, UPDATE, COMMIT (and the ask) each
     assert _lane_asked()  # the first was full: asked the long way

@@ -15,7 +15,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from fabrika_django import queues
-from fabrika_django._runs import claim as run_claim
+from fabrika_django._runs import locked_read
 from fabrika_django._sql import claim as claim_sql
 from testproject.lab.models import Item
 
@@ -52,7 +52,7 @@ def test_any_change_to_the_queryset_is_told_changed(change):
 
 def test_the_claims_compiled_read_names_its_table_where_the_index_hint_goes():
     rows = Item.objects.all()
-    read = run_claim._locked(rows._claim_query("default", timezone.now(), None), connection)[:50]
+    read = locked_read.locked(rows._claim_query("default", timezone.now(), None), connection)[:50]
     sql, _params = read.query.get_compiler(connection=connection).as_sql()
     table = connection.ops.quote_name(Item._meta.db_table)
     assert f"FROM {table}" in sql

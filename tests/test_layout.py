@@ -52,8 +52,19 @@ def test_a_queue_rows_state_is_defined_only_in_its_one_home():
     assert _hits(_QUEUE_STATE_PREDICATE, "_queuestate.py") == []
 
 
+_LEASE_SETTING = re.compile(r"\bLEASE_SECONDS\b")
+
+
+def test_how_long_a_lease_lasts_is_one_rule():
+    """Grants, renewals and the bounds on a frozen or cut-off holder all count in ``_lease_time.lease_seconds``;
+    only the settings' defaults and their check name the setting."""
+    assert _hits(_LEASE_SETTING, "_lease_time.py", "conf.py", "checks/_settings.py") == []
+
+
 def test_the_checks_find_what_they_look_for():
     # A check that cannot fail is a defect: each pattern matches what it forbids.
+    assert _LEASE_SETTING.search("lease = max(1.0, float(settings.LEASE_SECONDS))")
+    assert not _LEASE_SETTING.search("lease_seconds(job)")
     assert _JOB_STATE_SQL.search("Lease.objects.filter(job=name).update(token=None)")
     assert _JOB_STATE_SQL.search("table = quote(Attempt._meta.db_table)")
     assert _JOB_STATE_SQL.search('"UPDATE fabrika_django_job SET pending_since = NULL"')

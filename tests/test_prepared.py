@@ -106,13 +106,16 @@ def test_named_parameters_get_one_number_each_in_order_of_first_use():
 def test_the_tasks_claim_in_one_prepared_statement_leaves_the_session_as_it_was():
     from django.utils import timezone
 
-    from fabrika_django._runs.task_claim import _claim_sql
+    from fabrika_django._runs.claim import claim_params
+    from fabrika_django._runs.statement import statement
+    from fabrika_django._runs.task_claim import where_of
+    from fabrika_django.backoff import DEFAULT_PERIOD
     from fabrika_django.models import QueuedTask
 
     QueuedTask.objects.create(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")
-    sql, fixed = _claim_sql("default")
-    now = timezone.now()
-    params = {**fixed, "backend": "default", "queue": "default", "now": now, "limit": 10, "dues": [now], "last": 0}
+    built = statement(QueuedTask, connection, ("-priority", "due", "pk"), where_of("default", "default"))
+    sql = built.sql
+    params = {**built.fixed, **claim_params(QueuedTask, connection, DEFAULT_PERIOD, timezone.now(), 10)[0]}
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)

@@ -345,10 +345,15 @@ def test_the_task_claim_walks_its_claim_index_in_order_past_no_given_up_task(job
         cursor.execute(f"ANALYZE {QueuedTask._meta.db_table}")
     with job_run(now=now), CaptureQueriesContext(connection) as queries:
         assert len(QueuedTask.objects.claim(limit=50, where=Q(backend="default", queue_name="default"))) == 50
-    (select,) = [query["sql"] for query in queries if query["sql"].startswith("SELECT")]
+    # One prepared statement (_runs.statement, _sql.prepared): its locking read is the WITH item ``picked``.
+    (claim,) = [query["sql"] for query in queries if "WITH picked" in query["sql"]]
+    execute = "EXECUTE " + claim.rsplit("; EXECUTE ", 1)[1]
     with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {select}")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {execute}")
+        lines = [row[0] for row in cursor.fetchall()]
+    starts = [index for index, line in enumerate(lines) if line.lstrip().startswith("CTE ")]
+    read = next(index for index in starts if lines[index].strip() == "CTE picked")
+    plan = "\n".join(lines[read : min([index for index in starts if index > read], default=len(lines))])
 
     assert "fabrika_task_claim" in plan, plan
     assert "Sort" not in plan, plan  # in the claim's order, from the index

@@ -37,7 +37,7 @@ def test_the_start_of_a_kicked_task_run_claims_its_first_tasks_in_the_same_state
         lease = _start("worker-a")
     assert lease is not None
     assert len(started.captured_queries) == 1
-    alias, rows = lease.claimed
+    alias, rows = lease.claimed.using, lease.claimed.rows
     assert alias == "default" and len(rows) == 2
     claimed = QueuedTask.objects.filter(result_id__in=[first.id, second.id])
     assert sorted(claimed.values_list("attempts", "version")) == [(1, 1), (1, 1)]
@@ -62,7 +62,7 @@ def test_a_run_serves_the_tasks_its_start_claimed_first():
 
 def _started_now(lease):
     """The ``started_now`` flag the start answered with each claimed row (the answer's last column)."""
-    return [bool(values[-1]) for values in lease.claimed[1]]
+    return [bool(values[-1]) for values in lease.claimed.rows]
 
 
 def test_the_start_statement_starts_the_first_task_in_claim_order_and_only_it():
@@ -114,8 +114,7 @@ def test_a_task_the_start_statement_started_is_ready_again_when_the_run_gives_it
     result = tasks.mark.enqueue("given back")
     assert _started_now(_start("worker-a")) == [True]
     row = QueuedTask.objects.get(result_id=result.id)  # as the run holds it: claimed and RUNNING
-    row._started_now = True
-    _task_runs._give_back(None, [row])
+    _task_runs._give_back(None, [row], row.pk)
     row = QueuedTask.objects.get(result_id=result.id)
     assert (row.status, row.attempts) == ("READY", 0)
 

@@ -9,7 +9,7 @@ written once:
   ``start``, ``lease``).
 - The lease is free when its ``token`` is null; *active* when a token is set and ``expires`` is still ahead
   (``rows.lease_active``); a token whose ``expires`` passed is a holder that vanished, taken over by the next
-  start. How long a lease is granted for is one rule (``rows.lease_seconds``).
+  start. How long a lease is granted for is one rule (``_lease_time.lease_seconds``).
 - A run's first attempt row is written in the start's own commit; a cut-off attempt is marked ``crashed``.
 - A stale attempt never commits after its replacement started (``fence``).
 

@@ -14,9 +14,9 @@ from django.db import connection as default_connection
 from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
-from .._running import framework_write
+from .._lease_time import lease_seconds
+from .._running import ClaimedAtStart, framework_write
 from .._sql import runs as run_sql
-from ..conf import settings
 from ..jobs import registry
 from ..models._tables import Job, Lease, Outcome
 
@@ -54,9 +54,8 @@ class Started:
     lease_id: int = 0
     #: The job's lanes when the run started.
     lanes: int = 1
-    #: (database alias, rows) of the first claim made in the start's own statement
-    #: (``_running.CLAIMS_AT_START``), else None.
-    claimed: tuple[str, list[tuple[object, ...]]] | None = None
+    #: The first claim made in the start's own statement (``_running.CLAIMS_AT_START``), else None.
+    claimed: ClaimedAtStart | None = None
 
 
 def lease_active(now: datetime) -> Q:
@@ -87,11 +86,6 @@ def own_row(lease: Started) -> QuerySet[Lease]:
 LEASE_MARGIN_SECONDS = 1.0
 
 
-def lease_seconds(job: CronJob) -> float:
-    """How long each grant of ``job``'s lease lasts: ``LEASE_SECONDS``, at most its timeout, at least a second."""
-    return max(1.0, min(float(settings.LEASE_SECONDS), job.timeout.total_seconds()))
-
-
 def inline_lease_seconds(job: CronJob) -> float:
     """The one grant of a run inline in a caller's transaction, which cannot renew: its timeout and the margin."""
     return float(job.timeout.total_seconds()) + LEASE_MARGIN_SECONDS
@@ -109,7 +103,7 @@ def expires_in(seconds: float) -> CombinedExpression:
 
 def frozen_holder_bound() -> float:
     """Seconds after which a session idle inside the Job row's lock is ended: two leases."""
-    return 2 * max(1.0, float(settings.LEASE_SECONDS))
+    return 2 * lease_seconds()
 
 
 def ensure_rows(names: list[str]) -> None:

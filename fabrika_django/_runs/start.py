@@ -16,7 +16,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .._running import CLAIMS_AT_START, framework_write
+from .._running import CLAIMS_AT_START, ClaimedAtStart, framework_write
 from .._sql import prepared
 from .._sql import runs as run_sql
 from ..jobs import registry
@@ -99,8 +99,9 @@ def _start_on_free_lease(start: Start) -> Started | None:
     params = start.params()
     claim = CLAIMS_AT_START.get(start.job)
     pieces = None
+    now = start.now or timezone.now()
     if claim is not None:
-        ctes, tail, claim_params = claim(connection, start.now or timezone.now(), registry.get(start.job))
+        ctes, tail, claim_params = claim(connection, now, registry.get(start.job))
         pieces, params = (ctes, tail), {**params, **claim_params}
     sql = run_sql.free_lease_start(connection, require_pending=not start.mark_pending, lanes=start.lanes, claim=pieces)
     rows = prepared.fetchall(connection, sql, params)
@@ -111,7 +112,7 @@ def _start_on_free_lease(start: Start) -> Started | None:
         start.job, start.token, start.run_id, start.trigger, 1, start.holder, int(row[0]), 0, int(row[1]), start.lanes
     )
     if pieces is not None:
-        started.claimed = (connection.alias, [found[2:] for found in rows if found[2] is not None])
+        started.claimed = ClaimedAtStart(connection.alias, now, [found[2:] for found in rows if found[2] is not None])
     return started
 
 

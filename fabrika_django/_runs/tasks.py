@@ -18,7 +18,6 @@ import traceback
 from typing import Any
 
 from django.core.exceptions import SuspiciousOperation
-from django.db.models import Q
 from django.utils import timezone
 
 from .._running import active_run, framework_write, is_ctrl_c, outside_run
@@ -40,7 +39,7 @@ from ..exceptions import VersionConflict
 # Up a floor: a task run that leaves tasks behind asks for another run, as a kick does (kicks.py sits on the
 # run machinery's pending flag, so the folder stands under it).
 from ..kicks import request_run
-from .task_claim import _claim, claimed_at_start
+from .task_claim import BATCH, claimed_at_start, where_of
 
 logger = logging.getLogger(__name__)
 
@@ -57,29 +56,36 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
     the same lease goes on.
     """
 
+    from ..models import QueuedTask
+
     backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
     minimum = backend.timeout.total_seconds()
-    where = Q(backend=alias, queue_name=queue)
-    first = claimed_at_start()
+    where = where_of(alias, queue)
+    first = claimed_at_start(alias, queue)
+    # The task the run's start statement marked RUNNING (claim_at_start), if any: run_task does not mark it again.
+    started = first.started if first is not None else None
     while True:
         # An empty first batch is claimed again at once: the start's ``now`` was read before its statement, so a
         # row made due between the two (a requeue, whose kick that statement took) was not due to it.
-        rows = first or _claim(alias, queue, where)
+        rows = (first.rows if first is not None else []) or QueuedTask.objects.claim(limit=BATCH, where=where)
         first = None
         if not rows:
             return
         for index, row in enumerate(rows):
             if ctx.signal.remaining() < minimum:
                 ctx.signal.throw_if_aborted()
-                _give_back(ctx, rows[index:])
+                _give_back(ctx, rows[index:], started)
                 with framework_write():
                     request_run(ctx.job.name)
                 return
-            run_task(ctx, backend, row)
+            run_task(ctx, backend, row, started_now=row.pk == started)
 
 
-def run_task(ctx: Any, backend: Any, row: Any) -> None:
-    """Run one claimed task row and record how it ended (see the module's docstring)."""
+def run_task(ctx: Any, backend: Any, row: Any, *, started_now: bool = False) -> None:
+    """Run one claimed task row and record how it ended (see the module's docstring).
+
+    ``started_now``: the run's start statement marked it RUNNING already (``task_claim.claim_at_start``).
+    """
     from ..models import TASK_ATTEMPTS_CEILING, TaskStatus
 
     now = timezone.now()
@@ -98,7 +104,7 @@ def run_task(ctx: Any, backend: Any, row: Any) -> None:
         logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
         _send_finished(backend, row)
         return
-    if getattr(row, "_started_now", False):  # the run's start statement marked it RUNNING (claim_at_start)
+    if started_now:
         _check_started(ctx, row)
     else:
         started = _start(
@@ -239,7 +245,7 @@ def _check_fence() -> None:
         run.state.fence.check()
 
 
-def _give_back(ctx: Any, rows: list[Any]) -> None:
+def _give_back(ctx: Any, rows: list[Any], started: Any) -> None:
     """Undo the claim of rows this run will not start: due now, the claimed attempt not counted (READY again,
     for a task the run's start statement marked RUNNING)."""
     from ..models import TaskStatus
@@ -247,7 +253,7 @@ def _give_back(ctx: Any, rows: list[Any]) -> None:
     now = timezone.now()
     for row in rows:
         values: dict[str, Any] = {"due": now, "attempts": row.attempts - 1}
-        if getattr(row, "_started_now", False):
+        if row.pk == started:
             values["status"] = TaskStatus.READY
         _record(ctx, row, **values)
 

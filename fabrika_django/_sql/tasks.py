@@ -1,15 +1,13 @@
-"""The statements of Django tasks on PostgreSQL: a task's INSERT with its kick, and the tasks' claim, alone or
-riding in a run's start (``_runs.task_claim``)."""
+"""The statements of Django tasks on PostgreSQL: a task's INSERT with its kick, and what the claim (``claim``,
+every queue table's) adds when it rides in a run's start (``_runs.task_claim``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from . import table
-from .runs import bookkeeping_commit, kick_cte
-
-#: The claim's order of the rows it answers: the claim index's (higher priority, then due, then enqueue order).
-CLAIM_ORDER = "picked.priority DESC, picked.due, picked.id"
+from .claim import ORDER_ALIAS, Extra
+from .runs import kick_cte
 
 
 def insert(connection: Any, columns: list[str], pk: str, *, with_kick: bool) -> str:
@@ -28,57 +26,39 @@ def insert(connection: Any, columns: list[str], pk: str, *, with_kick: bool) -> 
     return f"WITH task AS ({sql}), {kick_cte(connection)} {notify}"  # noqa: S608  quoted names
 
 
-def claim_ctes(connection: Any, due_now: str, *, start: bool) -> str:
-    """The tasks' claim as WITH items: ``picked`` (the locking read) and ``leased`` (its UPDATE).
+def start_first(descending: list[bool]) -> Extra:
+    """What the tasks' claim adds when it rides in a kicked run's start (``_runs.task_claim.claim_at_start``).
 
-    ``due_now``: the state's condition with ``%(now)s`` and its fixed parameters by name. The read takes due rows
-    in claim order with SKIP LOCKED through the claim index; the UPDATE gives each one more attempt, a new
-    version and ``due`` from the array of the backoff's instants (``%(dues)s``, by the attempts before the claim,
-    the last for any count past it: ``backoff.row_backoffs``). Its commit does not wait for the WAL flush.
-
-    ``start``: the claim rides in a run's start. Its read is gated on the start having taken the lease
-    (``taken``), and its UPDATE also starts the first task in claim order unless that claim was past
+    The read is gated on the start having taken the lease (``taken``: a start that finds the job busy claims
+    nothing), and the UPDATE also starts the first task in claim order unless that claim was past
     ``%(max_attempts)s``: ``%(running)s``, ``started_at`` (kept from an earlier attempt) and ``last_attempted_at``
     the statement's time, ``%(worker)s`` appended to ``worker_ids``. ``leased.started_now`` tells which row.
-    Other parameters: ``backend``, ``queue``, ``limit``, ``last`` (the array's last index).
+    ``descending``: for each column of the claim order, whether it runs descending.
     """
-    tasks = table(connection, "QueuedTask")
-    gate, starts, returning = "", "", "task.*"
-    if start:
-        gate = "AND EXISTS (SELECT 1 FROM taken) "
-        # The task's attempts left (max_attempts - attempts after the claim) >= 0, from the attempts before it.
-        first = "(first_task.id = task.id AND %(max_attempts)s > task.attempts)"
-        starts = (
-            f", status = CASE WHEN {first} THEN %(running)s ELSE task.status END, "
-            f"started_at = CASE WHEN {first} THEN COALESCE(task.started_at, statement_timestamp()) "
-            "ELSE task.started_at END, "
-            f"last_attempted_at = CASE WHEN {first} THEN statement_timestamp() ELSE task.last_attempted_at END, "
-            f"worker_ids = CASE WHEN {first} THEN task.worker_ids || jsonb_build_array(%(worker)s::text) "
-            "ELSE task.worker_ids END"
-        )
-        # RETURNING reads the row as updated: one attempt more than the SET's ``task.attempts``.
-        returning = (
-            "task.*, COALESCE(first_task.id = task.id AND %(max_attempts)s >= task.attempts, false) AS started_now"
-        )
-    joined = "picked LEFT JOIN first_task ON first_task.id = picked.id" if start else "picked"
-    return (
-        f"picked AS (SELECT id, priority, due FROM {tasks}{bookkeeping_commit()} "  # noqa: S608  quoted names
-        f"WHERE backend = %(backend)s AND queue_name = %(queue)s AND {due_now} {gate}"
-        f"ORDER BY priority DESC, due, id LIMIT %(limit)s FOR UPDATE OF {tasks} SKIP LOCKED), "
-        + ("first_task AS (SELECT id FROM picked ORDER BY priority DESC, due, id LIMIT 1), " if start else "")
-        + f"leased AS (UPDATE {tasks} AS task SET "  # noqa: S608  quoted names
-        "due = (%(dues)s::timestamptz[])[LEAST(task.attempts, %(last)s) + 1], "
-        f"attempts = task.attempts + 1, version = task.version + 1{starts} FROM {joined} "
-        f"WHERE task.id = picked.id RETURNING {returning})"
+    # The task's attempts left (max_attempts - attempts after the claim) >= 0, from the attempts before it.
+    first = "(first_claimed.claim_pk_ = claimed.id AND %(max_attempts)s > claimed.attempts)"
+    order = ", ".join(f"{ORDER_ALIAS.format(index)}{' DESC' if desc else ''}" for index, desc in enumerate(descending))
+    sets = (
+        f", status = CASE WHEN {first} THEN %(running)s ELSE claimed.status END, "
+        f"started_at = CASE WHEN {first} THEN COALESCE(claimed.started_at, statement_timestamp()) "
+        "ELSE claimed.started_at END, "
+        f"last_attempted_at = CASE WHEN {first} THEN statement_timestamp() ELSE claimed.last_attempted_at END, "
+        f"worker_ids = CASE WHEN {first} THEN claimed.worker_ids || jsonb_build_array(%(worker)s::text) "
+        "ELSE claimed.worker_ids END"
+    )
+    return Extra(
+        cte=f"first_claimed AS (SELECT claim_pk_ FROM picked ORDER BY {order} LIMIT 1)",  # noqa: S608
+        join=" LEFT JOIN first_claimed ON first_claimed.claim_pk_ = picked.claim_pk_",
+        sets=sets,
+        # RETURNING reads the row as updated: one attempt more than the SET's ``claimed.attempts``.
+        returning=(
+            "COALESCE(first_claimed.claim_pk_ = claimed.id AND "
+            "%(max_attempts)s >= claimed.attempts, false) AS started_now"
+        ),
+        gate="EXISTS (SELECT 1 FROM taken)",
     )
 
 
-def claim_alone(ctes: str, columns: str) -> str:
-    """The tasks' claim as a statement of its own: its WITH items and the claimed rows' ``columns``."""
-    return f"WITH {ctes} SELECT {columns} FROM leased JOIN picked ON picked.id = leased.id ORDER BY {CLAIM_ORDER}"  # noqa: S608
-
-
-def claim_at_start_tail(columns: str) -> str:
+def at_start_tail(columns: str, by_order: str) -> str:
     """The tail of a start's answer when the tasks' claim rides in it: one row a claimed task (nulls for none)."""
-    joins = "FROM recorded, taken LEFT JOIN (leased JOIN picked ON picked.id = leased.id) ON true"
-    return f"{columns}, leased.started_now {joins} ORDER BY {CLAIM_ORDER}"
+    return f"{columns}, leased.started_now FROM recorded, taken LEFT JOIN leased ON true ORDER BY {by_order}"

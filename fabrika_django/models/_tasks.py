@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models
+from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -16,6 +18,11 @@ from ..jobs import registry, task_job_name
 from ..kicks import kick
 from ..queues import QueueManager, QueueQuerySet, _now
 from ._queue import QueueModel
+
+if TYPE_CHECKING:
+    from ..queues import run_claim  # the claim's types, through the queryset's own module: no arrow up
+
+logger = logging.getLogger(__name__)
 
 
 class TaskStatus(models.TextChoices):
@@ -39,19 +46,30 @@ class _TaskQuerySet(QueueQuerySet["QueuedTask"]):
     # Django's promise: a higher priority first, then the earliest run_after/enqueue, then enqueue order.
     _claim_order = ("-priority", "due", "pk")
 
-    def _claim_query(self, using: str, now: datetime, where: models.Q | None) -> QueueQuerySet[QueuedTask]:
-        """The claim's rows; on MariaDB/MySQL with every priority named, so the claim index is read by ranges.
+    # On MariaDB/MySQL every priority named (the check constraint holds every row to them, so none is left out).
+    _claim_ranges = ("priority", range(_TASK_PRIORITIES[1], _TASK_PRIORITIES[0] - 1, -1))
 
-        There the claim index is built whole (no partial indexes): within each priority, done tasks (``due``
-        null, first) and tasks not yet due sit around the due ones, and a walk of one queue's part of the index
-        would pass, and lock, every one of them. Named one by one (the check constraint holds every row to
-        them, so none is left out), the priorities make one range of due tasks each, read in the index's order.
+    def _give_up(self, using: str, rows: list[tuple[Any, int]]) -> None:
+        """Give up claimed tasks the worker cannot decode: FAILED at once, by id and claimed version.
+
+        No retry can help (the row is the same on every claim), and it must not stay RUNNING when the run's start
+        statement marked it so. Logged by id and a fixed code; the row's columns are never read into memory.
         """
-        rows = super()._claim_query(using, now, where)
-        if connections[using].vendor != "mysql":
-            return rows
-        low, high = _TASK_PRIORITIES
-        return rows.filter(priority__in=range(high, low - 1, -1))
+        for pk, version in rows:
+            self.model._base_manager.using(using).filter(pk=pk, version=version).update(
+                status=TaskStatus.FAILED,
+                finished_at=timezone.now(),
+                attempts=TASK_ATTEMPTS_CEILING,
+                last_failure="task_undecodable",
+                version=version + 1,
+            )
+            logger.warning("Task given up id=%s code=task_undecodable", pk)
+
+
+def claimable_tasks() -> run_claim.Claimable:
+    """The tasks' table as ``claim()`` hands it to the claim's pipeline (``_runs.task_claim``, for the first
+    claim that rides in a run's start)."""
+    return QueuedTask.objects.all()._claimable()
 
 
 class _TaskManager(QueueManager.from_queryset(_TaskQuerySet)):  # type: ignore[misc]

@@ -61,3 +61,15 @@ class Taken(models.Model):
 
     def __str__(self) -> str:
         return f"Item {self.item} taken"
+
+
+class Parcel(QueueModel):
+    """A queue row with a JSON column, for the claim of a row whose value cannot be read back."""
+
+    contents = models.JSONField(default=dict)
+
+    class Queue:
+        max_attempts = 4
+
+    def __str__(self) -> str:
+        return f"Parcel {self.pk}"
