@@ -21,7 +21,7 @@ all of them and ``registered()`` lists them all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from django.core.signals import setting_changed
 
@@ -44,7 +44,7 @@ def registered() -> list[object]:
     return [cache for cache, _clear in _CLEARS]
 
 
-def _reset_all(**_signal: Any) -> None:
+def _reset_all(**_signal: object) -> None:
     for _cache, clear in _CLEARS:
         clear()
 

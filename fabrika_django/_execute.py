@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import connection as default_connection
 from django.db import connections
@@ -41,6 +41,9 @@ from .exceptions import FabrikaError
 from .guards import write_guard
 from .jobs import CronJob
 
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
 logger = logging.getLogger("fabrika_django.runner")
 
 # How long a timed-out or aborted handler gets to notice before its connection is cut.
@@ -56,7 +59,7 @@ class _Box:
     exception: BaseException | None = None
     returned: bool = False
     aborted_before_return: bool = False
-    connections: list[Any] = field(default_factory=list)
+    connections: list[BaseDatabaseWrapper] = field(default_factory=list)
 
 
 def execute(
@@ -146,7 +149,7 @@ def _watch(
         _cut_off(job, [*box.connections, *state.pool_connections])
 
 
-def _cut_off(job: CronJob, handler_connections: list[Any]) -> None:
+def _cut_off(job: CronJob, handler_connections: list[BaseDatabaseWrapper]) -> None:
     """End a handler that ignored its abort: close its connections (and its ctx.executor() threads') so the
     database frees their locks."""
     for conn in handler_connections:

@@ -34,7 +34,7 @@ _HINT = (
 
 @checks.register("fabrika", checks.Tags.database)
 def check_isolation(
-    app_configs: Sequence[AppConfig] | None = None, databases: Iterable[str] | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None, databases: Iterable[str] | None = None, **kwargs: object
 ) -> list[checks.CheckMessage]:
     """Warn for each MariaDB/MySQL database whose transactions would not run at READ COMMITTED.
 

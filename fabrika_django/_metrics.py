@@ -9,11 +9,12 @@ then every ``observe_*`` is one ``None`` test, so a project without the extra (o
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -24,14 +25,18 @@ try:  # an optional dependency: fabrika works without it, only the metrics need 
 except ImportError:  # pragma: no cover  exercised by projects without the extra
     prometheus_client = None  # type: ignore[assignment]
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _CLAIM_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-def require_prometheus() -> Any:
+def require_prometheus() -> ModuleType:
     """Return the prometheus_client module, or say how to install it."""
     if prometheus_client is None:
         raise ImproperlyConfigured(
@@ -42,13 +47,13 @@ def require_prometheus() -> Any:
 
 @dataclass
 class _Instruments:
-    registry: Any
-    attempts: Any
-    duration: Any
-    claim_rows: Any
-    kick_latency: Any
-    in_progress: Any
-    rate_limited: Any
+    registry: CollectorRegistry
+    attempts: Counter
+    duration: Histogram
+    claim_rows: Histogram
+    kick_latency: Histogram
+    in_progress: Gauge
+    rate_limited: Counter
 
 
 def _make_instruments() -> _Instruments:
@@ -171,7 +176,7 @@ def run_in_progress(job: str, kick: KickReads | None) -> Iterator[None]:
                 instruments.kick_latency.labels(job).observe((started - kicked).total_seconds())
 
 
-def _quietly(read: Any, *args: Any) -> Any:
+def _quietly(read: Callable[..., _T], *args: object) -> _T | None:
     """Run a metrics read; a failure costs the observation, never the run (the worker sees the database's)."""
     try:
         return read(*args)

@@ -18,7 +18,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from .conf import settings
 
@@ -44,7 +44,7 @@ def bearer_matches(authorization: str) -> bool:
 class Server:
     """A listening socket and the threads that answer it; ``close()`` stops both."""
 
-    def __init__(self, addr: str, port: int, render: Any) -> None:
+    def __init__(self, addr: str, port: int, render: Callable[[], tuple[bytes, str]]) -> None:
         #: ``render() -> (bytes, content_type)``: the exposition, made per request.
         self._render = render
         self.socket = _listen(addr, port)

@@ -20,7 +20,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.core import checks
 from django.utils.module_loading import import_string
@@ -29,6 +29,12 @@ from . import _task_rows as task_rows
 from ._tasks_compat import Task, task_backends, task_enqueued
 from .jobs import cron
 from .schedule import Schedule
+
+if TYPE_CHECKING:
+    from ._tasks_compat import TaskResult
+    from .context import JobContext
+    from .jobs import Handler
+    from .models import QueuedTask
 
 logger = logging.getLogger("fabrika_django.tasks")
 
@@ -46,8 +52,8 @@ class Entry:
     name: str
     task: str
     schedule: str
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    args: list[object] = field(default_factory=list)
+    kwargs: dict[str, object] = field(default_factory=dict)
     priority: int | None = None
 
     @property
@@ -90,10 +96,10 @@ def entries(alias: str, periodic: object) -> list[Entry]:
     return found
 
 
-def _handler(entry: Entry) -> Any:
+def _handler(entry: Entry) -> Handler:
     """The job's function: enqueue the entry's task once for the fire (or the manual run) it serves."""
 
-    def enqueue_periodic(ctx: Any) -> None:
+    def enqueue_periodic(ctx: JobContext) -> None:
         task = _task(entry)
         result_id = _result_id(entry, ctx)
         backend = task_backends[entry.alias]
@@ -119,13 +125,13 @@ def _task(entry: Entry) -> Task:
     return task if entry.priority is None else task.using(priority=entry.priority)
 
 
-def _result_id(entry: Entry, ctx: Any) -> uuid.UUID:
+def _result_id(entry: Entry, ctx: JobContext) -> uuid.UUID:
     """The task's id: the run's. A run that takes a dead attempt's lease over resumes that run (the job has
     retries for it), so it derives the same id; every other run, a fire's or a manual one, is a task of its own."""
     return uuid.uuid5(_IDS, f"{entry.job_name} {ctx.run_id}")
 
 
-def _result(row: Any, task: Task) -> Any:
+def _result(row: QueuedTask, task: Task) -> TaskResult:
     from ._runs.tasks import result_of
 
     return result_of(row, task)
@@ -157,7 +163,7 @@ def problems(alias: str, periodic: object, queues: Sequence[str] = ()) -> list[c
     return errors
 
 
-def _entry_problems(alias: str, spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _entry_problems(alias: str, spec: Mapping[str, object]) -> list[tuple[str, str]]:
     found = []
     task_problem = _task_problem(alias, spec["task"])
     if task_problem:
@@ -207,7 +213,7 @@ def _schedule_problem(schedule: object) -> str | None:
     return None
 
 
-def _arguments_problem(spec: Mapping[str, Any]) -> str | None:
+def _arguments_problem(spec: Mapping[str, object]) -> str | None:
     args, kwargs, priority = spec.get("args", []), spec.get("kwargs", {}), spec.get("priority")
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         return "'args' must be a JSON list and 'kwargs' a JSON object with string keys"

@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
 
 logger = logging.getLogger("fabrika_django.worker")
 
@@ -40,7 +40,7 @@ def stop_signals(
         yield
         return
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("Stopping signal=%s", signal.Signals(signum).name)
         stop()
 

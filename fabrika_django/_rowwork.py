@@ -28,6 +28,7 @@ from .exceptions import (
 if TYPE_CHECKING:
     from ._signal import AbortSignal
     from .mail import Mailer
+    from .models import QueueModel
 
 # These end the attempt, not the row: its abort (deadline, lost lease, shutdown), and a broken rule of the
 # job's own code or declarations, which every later row would break too.
@@ -50,7 +51,7 @@ class _Attempt(Protocol):
     def signal(self) -> AbortSignal: ...
 
     @property
-    def log(self) -> logging.LoggerAdapter[Any]: ...
+    def log(self) -> logging.LoggerAdapter[logging.Logger]: ...
 
     @property
     def mail(self) -> Mailer: ...
@@ -59,7 +60,7 @@ class _Attempt(Protocol):
 
 
 @contextmanager
-def row_work(ctx: _Attempt, row: Any, step: str, give_up: bool) -> Iterator[Any]:
+def row_work(ctx: _Attempt, row: object, step: str, give_up: bool) -> Iterator[Any]:
     """The body of ``JobContext.row``: see its docstring."""
     from ._running import active_run
     from .models import FAILURE_CODE, QueueModel
@@ -93,7 +94,9 @@ def _refused_mail(ctx: _Attempt, error: Exception) -> bool:
     return isinstance(error, EmailDeliveryError) and not ctx.mail.may_retry(error)
 
 
-def _record(ctx: _Attempt, row: Any, step: str, error: Exception, *, give_up: bool, claimed: dict[str, Any]) -> None:
+def _record(
+    ctx: _Attempt, row: QueueModel, step: str, error: Exception, *, give_up: bool, claimed: dict[str, object]
+) -> None:
     """Keep ``step`` on the row, as it was claimed; log ids, the step and the class; never the message."""
     current = {name: getattr(row, name) for name in _OWN_FIELDS}
     # The row's own transaction rolled back (or never began): the row is as it was claimed, whatever the object

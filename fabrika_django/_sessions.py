@@ -24,13 +24,16 @@ to watch, and the server ignores the settings there.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import connections
 from django.db.backends.signals import connection_created
 
 from ._lease_time import lease_seconds
 from ._sql import sessions as sql
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def bound_idle_transactions() -> None:
@@ -46,7 +49,7 @@ def idle_transaction_seconds() -> int:
     return math.ceil(lease_seconds())
 
 
-def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+def _on_connection_created(sender: object, connection: BaseDatabaseWrapper, **kwargs: object) -> None:
     _bound(connection)
 
 
@@ -56,7 +59,7 @@ def dead_client_settings() -> list[str]:
     return [str(math.ceil(lease)), str(math.ceil(lease / 3)), "3", str(math.ceil(lease * 1000))]
 
 
-def _bound(connection: Any) -> None:
+def _bound(connection: BaseDatabaseWrapper) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(sql.POSTGRESQL_BOUND_DEAD_CLIENTS, dead_client_settings())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -21,6 +21,9 @@ from django.core.exceptions import SuspiciousOperation
 from django.utils.module_loading import import_string
 
 from ._tasks_compat import Task
+
+if TYPE_CHECKING:
+    from .models import QueuedTask
 
 #: The failure code of a row whose path names no task this project has.
 NOT_REGISTERED = "task_not_registered"
@@ -38,7 +41,7 @@ class TaskNotRegistered(SuspiciousOperation):
     code = NOT_REGISTERED
 
 
-def task_of(row: Any) -> Task:
+def task_of(row: QueuedTask) -> Task:
     """Import the row's task by path, with the priority, queue, backend and run_after it was enqueued with."""
     path = str(row.task_path)
     if not _may_import(path):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
@@ -21,12 +22,20 @@ from ._tasks_compat import Task, normalize_json
 from .jobs import task_job_name
 from .kicks import kick
 
+if TYPE_CHECKING:
+    from django.db.backends.utils import _SQLType
+    from django.db.models import Field
+
+    from .models import QueuedTask
+
 #: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
 #: database and a task's admin page hold them whole, so a task carries ids, not documents.
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 
 
-def insert(alias: str, task: Task, args: Any, kwargs: Any, *, result_id: uuid.UUID | None = None) -> Any:
+def insert(
+    alias: str, task: Task, args: Sequence[object], kwargs: Mapping[str, object], *, result_id: uuid.UUID | None = None
+) -> QueuedTask:
     """Insert ``task``'s row for the backend ``alias`` (a new result id, or ``result_id``) and kick its queue's job
     when the current transaction commits; answer the row. Arguments that are no JSON raise before any write."""
     from .models import QueuedTask
@@ -49,7 +58,7 @@ def insert(alias: str, task: Task, args: Any, kwargs: Any, *, result_id: uuid.UU
     return row
 
 
-def _insert_and_kick(row: Any, job: str) -> None:
+def _insert_and_kick(row: QueuedTask, job: str) -> None:
     """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
 
     PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``run_sql.kick_cte``), so an enqueue in
@@ -67,7 +76,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
         return
     with_kick = not kicked_in_transaction(job, alias)
     sql, fields = _insert_sql(alias, with_kick)
-    params: dict[str, Any] = {
+    params: dict[str, _SQLType] = {
         f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
     }
     params.update(name=job, channel=CHANNEL)
@@ -82,7 +91,7 @@ def _insert_and_kick(row: Any, job: str) -> None:
 
 
 @cache(maxsize=8)
-def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
+def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Field]]:
     """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
 
     With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
@@ -98,9 +107,12 @@ def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Any]]:
     return task_sql.insert(connection, columns, pk, with_kick=with_kick), fields
 
 
-def json_arguments(args: Any, kwargs: Any) -> dict[str, Any]:
+def json_arguments(args: object, kwargs: object) -> dict[str, object]:
     """A task's args and kwargs as JSON values, or a ``ValueError`` that says what is wrong with them."""
-    values = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}  # TypeError for what is no JSON
+    values: dict[str, object] = {
+        "args": normalize_json(args),
+        "kwargs": normalize_json(kwargs),
+    }  # TypeError for what is no JSON
     try:
         text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except ValueError:

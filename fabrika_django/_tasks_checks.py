@@ -43,7 +43,7 @@ def require_installed(alias: str) -> None:
         raise ImproperlyConfigured(f"{error.msg} {error.hint} ({error.id})")
 
 
-def check_tasks_backends(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_tasks_backends(app_configs: Sequence[AppConfig] | None = None, **kwargs: object) -> list[checks.CheckMessage]:
     """Report each ``TASKS`` alias whose backend is fabrika's while fabrika_django is not installed."""
     if apps.is_installed("fabrika_django"):
         return []
@@ -77,7 +77,9 @@ def valid_rate_limits(value: object) -> dict[str, str]:
     return {queue: rate for queue, rate in value.items() if isinstance(queue, str) and rate_problem(rate) is None}
 
 
-def check_tasks_rate_limits(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_tasks_rate_limits(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """``fabrika.E046``: each fabrika backend's ``OPTIONS["rate_limit"]`` is a dict of its queues to rates."""
     from .jobs import rate_problem
 
@@ -104,7 +106,7 @@ def check_tasks_rate_limits(app_configs: Sequence[AppConfig] | None = None, **kw
     return errors
 
 
-def check_tasks_periodic(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_tasks_periodic(app_configs: Sequence[AppConfig] | None = None, **kwargs: object) -> list[checks.CheckMessage]:
     """``fabrika.E041``-``E045``, ``E047``: each fabrika backend's ``OPTIONS["periodic"]`` entries (``_periodic``)."""
     errors: list[checks.CheckMessage] = []
     for alias in fabrika_aliases():

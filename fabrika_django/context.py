@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from django.db import transaction as db_transaction
 
@@ -18,7 +18,7 @@ from ._signal import AbortSignal as AbortSignal  # its home is _signal; projects
 from .exceptions import UndeclaredKick
 
 if TYPE_CHECKING:
-    from .egress import FetchResponse
+    from .egress import FetchOptions, FetchResponse
     from .jobs import CronJob
     from .mail import Mailer
     from .models import QueueModel
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("fabrika_django.jobs")
 
 
-class _JobLogAdapter(logging.LoggerAdapter):
+class _JobLogAdapter(logging.LoggerAdapter[logging.Logger]):
     """Prefixes each line with the job, run and attempt: ids only, never users' data."""
 
     def process(self, msg: object, kwargs: MutableMapping[str, Any]) -> tuple[str, MutableMapping[str, Any]]:
@@ -160,7 +160,7 @@ class JobContext:
 
         return absolute_url(name, query=query, kwargs=kwargs)
 
-    def fetch(self, method: str, url: str, **options: Any) -> FetchResponse:
+    def fetch(self, method: str, url: str, **options: Unpack[FetchOptions]) -> FetchResponse:
         """Make an HTTPS request to one of the job's declared ``egress`` origins, within the attempt's time."""
         from .egress import fetch_for
 

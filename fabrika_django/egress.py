@@ -23,10 +23,11 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from email.message import Message
 from http.client import HTTPException, HTTPMessage, HTTPResponse
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypedDict, Unpack
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 
@@ -55,9 +56,25 @@ class FetchResponse:
         return jsonlib.loads(self.body)
 
 
+class FetchOptions(TypedDict, total=False):
+    """The keyword arguments of ``ctx.fetch`` (see ``fetch_for``)."""
+
+    headers: Mapping[str, str] | None
+    json: object
+    data: bytes | str | Mapping[str, object] | None
+    timeout: float | None
+    max_bytes: int
+
+
+class Fetch(Protocol):
+    """The call ``ctx.fetch`` makes: ``fetch_for``'s answer."""
+
+    def __call__(self, method: str, url: str, **options: Unpack[FetchOptions]) -> FetchResponse: ...
+
+
 def fetch_for(
-    job_name: str, origins: Iterable[str], signal: AbortSignal, log: logging.LoggerAdapter[Any]
-) -> Callable[..., FetchResponse]:
+    job_name: str, origins: Iterable[str], signal: AbortSignal, log: logging.LoggerAdapter[logging.Logger]
+) -> Fetch:
     """Return ``fetch(method, url, *, headers=None, json=None, data=None, timeout=None, max_bytes=10 MiB)`` for
     the job's declared ``origins`` (which @cron normalised with origin_of()), within the attempt's ``signal``."""
     allowed = frozenset(origins)
@@ -67,8 +84,8 @@ def fetch_for(
         url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        json: Any = None,
-        data: bytes | str | Mapping[str, Any] | None = None,
+        json: object = None,
+        data: bytes | str | Mapping[str, object] | None = None,
         timeout: float | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> FetchResponse:
@@ -261,7 +278,7 @@ def _opener(job_name: str, allowed: frozenset[str], deadline: _Deadline) -> urll
     return opener
 
 
-def _body(json: Any, data: bytes | str | Mapping[str, Any] | None) -> tuple[bytes | None, str | None]:
+def _body(json: object, data: bytes | str | Mapping[str, object] | None) -> tuple[bytes | None, str | None]:
     if json is not None and data is not None:
         raise ValueError("ctx.fetch takes json= or data=, not both: pick one body.")
     if json is not None:
@@ -271,9 +288,9 @@ def _body(json: Any, data: bytes | str | Mapping[str, Any] | None) -> tuple[byte
     return (data.encode() if isinstance(data, str) else data), None
 
 
-def _headers(message: Any) -> dict[str, str]:
+def _headers(message: Message) -> dict[str, str]:
     # A repeated header is joined with ", " (RFC 9110 section 5.3) under its lower-case name.
-    return {name.lower(): ", ".join(message.get_all(name)) for name in dict.fromkeys(message.keys())}
+    return {name.lower(): ", ".join(message.get_all(name) or ()) for name in dict.fromkeys(message.keys())}
 
 
 def _checked_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -294,7 +311,7 @@ class _TooLarge(Exception):
     """The body is larger than the call's ``max_bytes``."""
 
 
-def _read(answer: Any, max_bytes: int, deadline: _Deadline) -> bytes:
+def _read(answer: HTTPResponse | HTTPError, max_bytes: int, deadline: _Deadline) -> bytes:
     """The body, held once (BytesIO hands its buffer over); _TooLarge as soon as it passes ``max_bytes``."""
     declared = answer.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > max_bytes:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import sqlparse.lexer
 from django.apps import apps
@@ -38,8 +38,14 @@ from .exceptions import CapabilityRefused, WriteOutsideTransaction
 
 if TYPE_CHECKING:
     from django.db import models
+    from sqlparse.tokens import _TokenType
 
     from .jobs import CronJob
+
+    #: A token as sqlparse's lexer yields it: its type and its text.
+    _Token: TypeAlias = tuple[_TokenType, str]
+    #: What Django's execute wrappers are handed: the next ``execute(sql, params, many, context)``.
+    _Execute: TypeAlias = Callable[[str, object, bool, dict[str, object]], object]
 
 _ACTION_OF_VERB = {"INSERT": "add", "REPLACE": "add", "UPDATE": "change", "DELETE": "delete", "TRUNCATE": "delete"}
 # Statements that change no table's rows: reads, transaction control, session settings.
@@ -111,7 +117,7 @@ def _permissions(sql: str) -> tuple[tuple[str, ...], bool]:
     return tuple(needed), unknown
 
 
-def _guard(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+def _guard(execute: _Execute, sql: str, params: object, many: bool, context: dict[str, object]) -> object:
     run = active_run()
     if run is not None and is_write(sql):
         if not run.in_transaction and not run.framework_writes:
@@ -181,7 +187,7 @@ def _classify(sql: str) -> tuple[_Write, ...]:
     return tuple(writes)
 
 
-def _selects_into(statement: list[tuple[Any, str]]) -> bool:
+def _selects_into(statement: list[_Token]) -> bool:
     """Whether an INTO of the statement follows no INSERT, REPLACE or MERGE (``SELECT … INTO …``)."""
     for index, (ttype, value) in enumerate(statement):
         if ttype in T.Keyword and value.upper() == "INTO":
@@ -196,7 +202,7 @@ def _selects_into(statement: list[tuple[Any, str]]) -> bool:
 _cached_classify = cache(maxsize=1024)(_classify)
 
 
-def _tokens(sql: str) -> Iterator[tuple[Any, str]]:
+def _tokens(sql: str) -> Iterator[_Token]:
     """sqlparse's tokens of ``sql``, with each executable comment's text read as SQL in its place."""
     for ttype, value in sqlparse.lexer.tokenize(sql):
         executable = _EXECUTABLE_COMMENT.match(value) if ttype in T.Comment else None
@@ -206,9 +212,9 @@ def _tokens(sql: str) -> Iterator[tuple[Any, str]]:
             yield ttype, value
 
 
-def _statements(sql: str) -> Iterator[list[tuple[Any, str]]]:
+def _statements(sql: str) -> Iterator[list[_Token]]:
     """Yield each statement of ``sql`` as its significant tokens (no whitespace, comments or leading '(')."""
-    statement: list[tuple[Any, str]] = []
+    statement: list[_Token] = []
     for ttype, value in _tokens(sql):
         if ttype in T.Whitespace or ttype in T.Comment or ttype in T.Newline:
             continue
@@ -222,7 +228,7 @@ def _statements(sql: str) -> Iterator[list[tuple[Any, str]]]:
         yield statement
 
 
-def _target(statement: list[tuple[Any, str]], index: int, verb: str) -> str | None:
+def _target(statement: list[_Token], index: int, verb: str) -> str | None:
     """Return the one table named after a write verb (its last part, unquoted), or None if none is named or the
     guard cannot be sure of it (a Unicode-escaped name, more than one table)."""
     while index < len(statement) and statement[index][1].upper() in _BEFORE_TARGET:
@@ -243,7 +249,7 @@ def _target(statement: list[tuple[Any, str]], index: int, verb: str) -> str | No
     return name
 
 
-def _more_tables(statement: list[tuple[Any, str]], index: int, verb: str) -> bool:
+def _more_tables(statement: list[_Token], index: int, verb: str) -> bool:
     """Whether more tables follow the first one: ``a, b`` (MySQL's multi-table forms), or ``a JOIN b`` before an
     UPDATE's SET (MySQL's UPDATE writes any of them; PostgreSQL's FROM and USING come after and are only read)."""
     if index < len(statement) and statement[index][1] == ",":
@@ -265,15 +271,15 @@ def _model_of_table(table: str) -> type[models.Model] | None:
 
 
 @cache(maxsize=1)
-def _models_by_table() -> dict[str, Any]:
+def _models_by_table() -> dict[str, type[models.Model]]:
     """Map each application table to the model whose permission guards it; fabrika's tables are exempt."""
-    tables: dict[str, Any] = {}
+    tables: dict[str, type[models.Model]] = {}
     for model in apps.get_models(include_auto_created=True):
         opts = model._meta
         if opts.app_label == "fabrika_django" or opts.proxy:
             continue
         # An automatic many-to-many table is guarded by the model that declares the field.
-        owner = opts.auto_created or model
+        owner = opts.auto_created if isinstance(opts.auto_created, type) else model  # False, or the declaring model
         tables.setdefault(opts.db_table, owner)
     return tables
 

@@ -6,7 +6,6 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 from urllib.parse import urlsplit
 
 from .egress import origin_of
@@ -24,8 +23,9 @@ _RATE = re.compile(r"^([1-9][0-9]{0,8})/([smh])$")
 #: A rate's unit in seconds, by its letter.
 _RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
 
-#: A job's function: it takes the attempt's ``JobContext`` (typed loosely here: context.py is built on this module).
-Handler = Callable[[Any], Any]
+#: A job's function: it takes the attempt's ``JobContext`` (named loosely here: context.py is built on this module,
+#: so this one cannot name it) and its answer is ignored.
+Handler = Callable[..., object]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class CronJob:
         """Return the base of a claimed row's backoff: the schedule's period, or one minute."""
         return period_of(self.schedule)
 
-    def __call__(self, ctx: Any) -> Any:
+    def __call__(self, ctx: object) -> object:
         return self.func(ctx)
 
 

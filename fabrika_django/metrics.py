@@ -73,12 +73,12 @@ class _DatabaseGauges:
             "fabrika_job_last_success_age_seconds", "Seconds since the job last succeeded.", labels=["job"]
         )
         for state in job_states(self.now):
-            name = state["name"]
-            active.add_metric([name], state["active_lanes"])
-            pending.add_metric([name], 1 if state["pending"] else 0)
-            failures.add_metric([name], state["failures_in_row"])
-            if state["last_success"] is not None:
-                since.add_metric([name], max(0.0, (self.now - state["last_success"]).total_seconds()))
+            name = state.name
+            active.add_metric([name], state.active_lanes)
+            pending.add_metric([name], 1 if state.pending else 0)
+            failures.add_metric([name], state.failures_in_row)
+            if state.last_success is not None:
+                since.add_metric([name], max(0.0, (self.now - state.last_success).total_seconds()))
         yield from (active, pending, failures, since)
 
 

@@ -14,8 +14,9 @@ import re
 import socket
 import sys
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from django.apps import apps
 from django.core import checks
@@ -35,7 +36,10 @@ from ._tasks_compat import (
     TaskResultDoesNotExist,
     task_enqueued,
 )
-from .jobs import MAX_TIMEOUT, cron, task_job_name
+from .jobs import MAX_TIMEOUT, Handler, cron, task_job_name
+
+if TYPE_CHECKING:
+    from .context import JobContext
 
 #: The schedule of every task queue's job: the sweep that recovers a lost kick, and the backoff's period.
 SWEEP_SCHEDULE = "* * * * *"
@@ -66,7 +70,7 @@ class FabrikaBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
-    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+    def __init__(self, alias: str, params: dict[str, object]) -> None:
         super().__init__(alias, params)
         self.max_attempts, self.timeout, self.lanes = _read_options(alias, self.options)
         #: By queue, the rate its job starts tasks at; the system check reports a bad entry (left out here).
@@ -81,7 +85,7 @@ class FabrikaBackend(BaseTaskBackend):
         self.worker_id = f"{socket.gethostname()[:40]}:{os.getpid()}"
         self._register_jobs()
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(self, task: Task, args: list[object], kwargs: dict[str, object]) -> TaskResult:
         """Insert the task's row in the current transaction and kick its queue's job when that commits."""
         _tasks_checks.require_installed(self.alias)
         self.validate_task(task)
@@ -111,7 +115,7 @@ class FabrikaBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(row)
 
-    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+    def check(self, **kwargs: object) -> list[checks.CheckMessage]:
         """Report a backend whose tables cannot exist: fabrika_django missing from INSTALLED_APPS.
 
         Quiet where fabrika's own check of ``TASKS`` is registered (it says the same, also where Django's tasks
@@ -124,7 +128,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     def _register_jobs(self) -> None:
         """Register (again, after a settings change) the built-in job of each of this backend's queues."""
-        options: dict[str, Any] = {"timeout": min(2 * self.timeout, MAX_TIMEOUT)}
+        options: _JobOptions = {"timeout": min(2 * self.timeout, MAX_TIMEOUT)}
         if "lanes" in inspect.signature(cron).parameters:  # lanes arrive with issue 11
             options["lanes"] = self.lanes
         for queue in sorted(self.queues):
@@ -138,23 +142,30 @@ class FabrikaBackend(BaseTaskBackend):
         _periodic.register(self.alias, self.options.get("periodic", {}))
 
 
-def _handler(alias: str, queue: str) -> Any:
+class _JobOptions(TypedDict, total=False):
+    """What ``@cron`` is given for a queue's job, beside its schedule, name and rate."""
+
+    timeout: timedelta
+    lanes: int
+
+
+def _handler(alias: str, queue: str) -> Handler:
     """Return the function of one queue's job (defined in this module, so registering it again replaces it)."""
 
-    def serve_tasks(ctx: Any) -> None:
+    def serve_tasks(ctx: JobContext) -> None:
         serve_queue(ctx, alias, queue)
 
     return serve_tasks
 
 
-def _parse_id(result_id: Any) -> uuid.UUID:
+def _parse_id(result_id: object) -> uuid.UUID:
     try:
         return uuid.UUID(str(result_id))
     except ValueError:
         raise TaskResultDoesNotExist(result_id) from None
 
 
-def _read_options(alias: str, options: dict[str, Any]) -> tuple[int, timedelta, int]:
+def _read_options(alias: str, options: Mapping[str, object]) -> tuple[int, timedelta, int]:
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ImproperlyConfigured(
@@ -183,7 +194,7 @@ def _read_options(alias: str, options: dict[str, Any]) -> tuple[int, timedelta, 
     return max_attempts, timeout, lanes
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -16,11 +16,14 @@ import uuid
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import connection
 from django.test import TestCase
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from ._tasks_compat import TaskResult
 
 MAIL_MODES = ("locmem", "none")
 
@@ -95,7 +98,7 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
     return JobResult(job=result.job, outcome=result.outcome, attempts=result.attempts, run_id=result.run_id)
 
 
-def run_tasks(queue: str = "default", backend: str = "default") -> list[Any]:
+def run_tasks(queue: str = "default", backend: str = "default") -> list[TaskResult]:
     """Run every due task of ``backend``'s ``queue`` now, through the worker's path, and answer their results.
 
     The answer is a ``TaskResult`` per task the run took (ran, or gave up), in the order it took them, read

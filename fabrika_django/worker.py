@@ -31,8 +31,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connection
@@ -77,7 +77,7 @@ class Worker:
         concurrency: int = DEFAULT_CONCURRENCY,
         only: Iterable[str] | None = None,
         verbosity: int | None = None,
-        stdout: Any = None,
+        stdout: object = None,
         clock: Callable[[], datetime] | None = None,
         grace: float = DEFAULT_GRACE,
         install_signals: bool = True,
@@ -93,7 +93,8 @@ class Worker:
         self._clock = clock
         self._now = clock or timezone.now
         self._stop = threading.Event()
-        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        # "scan", "stop", or a run's end: (job, whether the database failed it, holder).
+        self._inbox: queue.SimpleQueue[tuple[str, bool, str] | str] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
         # This worker's runs of each job (one a lane), and of all jobs.
         self._running: collections.Counter[str] = collections.Counter()
@@ -121,7 +122,7 @@ class Worker:
         listener = Listener.if_configured(
             self._stop,
             on_kick=self._kicked,
-            on_connect=lambda: self._inbox.put(("scan",)),
+            on_connect=lambda: self._inbox.put("scan"),
             on_lost=self._connection_lost,
         )
         logger.info(
@@ -147,7 +148,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to stop: no new runs, running attempts aborted (safe from any thread or a signal)."""
         self._stop.set()
-        self._inbox.put(("stop",))
+        self._inbox.put("stop")
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -178,10 +179,9 @@ class Worker:
             # The run's start takes the kick rows itself (run_start.start_or_join): no round trip before it.
             self._dispatch(name, Trigger.KICK)
 
-    def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "done":
-            name, failed, holder = message[1], message[2], message[3]
+    def _handle(self, message: tuple[str, bool, str] | str) -> None:
+        if isinstance(message, tuple):
+            name, failed, holder = message
             with self._slots:
                 self._running[name] -= 1
                 self._busy -= 1
@@ -192,7 +192,7 @@ class Worker:
             else:
                 # A slot is free and the job may have been kicked meanwhile: look again at once.
                 self._next_scan = 0.0
-        elif kind == "scan":
+        elif message == "scan":
             self._next_scan = 0.0
 
     def _scan(self) -> None:
@@ -228,24 +228,24 @@ class Worker:
         runner.sync_jobs(list(self.jobs))
         self._prepared = True
 
-    def _read_states(self) -> dict[str, dict[str, Any]]:
+    def _read_states(self) -> dict[str, run_reads.ScanState]:
         run_pending.take_kicks(self._served)  # kicks no worker heard (or took yet) become pending flags first
         return self._states.read()
 
-    def _fire_and_dispatch(self, states: dict[str, dict[str, Any]]) -> None:
+    def _fire_and_dispatch(self, states: dict[str, run_reads.ScanState]) -> None:
         now = self._now()
         for name, state in states.items():
             job = self.jobs[name]
-            fire = state["next_fire"]
+            fire = state.next_fire
             if self._stop.is_set() or (job.schedule is None and fire is None):
                 continue
             if job.schedule is not None and (fire is None or job.schedule.next_after(fire - _TICK) != fire):
                 # A new job, or its schedule changed: its first fire is the next one from now.
                 fresh = job.schedule.next_after(now)
                 run_reads.take_fire(name, fire, fresh)
-                state["next_fire"] = fresh
+                states[name] = replace(state, next_fire=fresh)
                 continue
-            if fire > now:
+            if fire is None or fire > now:  # None: a kick-only job without a wake (skipped above already)
                 continue
             local = self._running[name] > 0
             if not local and self._busy >= self.concurrency:
@@ -256,7 +256,7 @@ class Worker:
             following = job.schedule.next_after(now) if job.schedule is not None else None
             if not run_reads.take_fire(name, fire, following):
                 continue
-            state["next_fire"] = following
+            states[name] = replace(state, next_fire=following)
             logger.debug("Fire job=%s at=%s", name, fire.isoformat())
             if local:
                 request_run(name)  # a fire during this worker's run: the run goes once more
@@ -269,16 +269,16 @@ class Worker:
             with self._slots:  # a slot checked and taken at once: the listener's thread dispatches too
                 self._dispatch_flagged(name, state)
 
-    def _dispatch_flagged(self, name: str, state: dict[str, Any]) -> None:
+    def _dispatch_flagged(self, name: str, state: run_reads.ScanState) -> None:
         """Run the job if its state asks for it and a slot and a lane of this worker are free."""
         lanes = self.jobs[name].lanes
         if self._busy >= self.concurrency or self._running[name] >= lanes:
             return
         # Pending under a live lease: its holder runs it once more when it ends. A lane asked for starts
         # while one is free; the start decides which (and whether, when another worker was first).
-        if state["orphaned"]:
+        if state.orphaned:
             self._dispatch(name, _TAKEOVER)
-        elif (state["asked"] and state["active"] < lanes) or (state["pending"] and not state["held"]):
+        elif (state.asked and state.active < lanes) or (state.pending and not state.held):
             self._dispatch(name, Trigger.KICK)
 
     def _release_orphans(self) -> None:
@@ -295,13 +295,13 @@ class Worker:
                 request_run(name)
             del self._orphans[holder]
 
-    def _until_next_scan(self, states: dict[str, dict[str, Any]]) -> float:
+    def _until_next_scan(self, states: dict[str, run_reads.ScanState]) -> float:
         interval = max(0.01, float(settings.POLL_INTERVAL))
         if self._clock is not None:
             return interval
         now = timezone.now()
         # Fires already due wait for a free slot, and the end of a run scans again anyway.
-        fires = [s["next_fire"] for s in states.values() if s["next_fire"] is not None and s["next_fire"] > now]
+        fires = [s.next_fire for s in states.values() if s.next_fire is not None and s.next_fire > now]
         if fires:
             interval = min(interval, max(0.0, (min(fires) - now).total_seconds()) + 0.001)
         return interval
@@ -332,7 +332,7 @@ class Worker:
                 if epoch != self._epoch:
                     epoch = self._epoch
                     close_quietly()
-                self._inbox.put(("done", name, not self._run_one(name, trigger, holder), holder))
+                self._inbox.put((name, not self._run_one(name, trigger, holder), holder))
         finally:
             close_quietly()
 

@@ -352,7 +352,7 @@ def test_kick_marks_the_job_pending_once_committed(django_capture_on_commit_call
         code, out, _ = fabrika_job("kick", "send_reminders")
     assert (code, out) == (0, "Kicked send_reminders: a running worker starts it within seconds.\n")
     assert fabrika_kicks == ["send_reminders"]
-    assert run_reads.job_states(["send_reminders"], timezone.now())["send_reminders"]["pending"] is True
+    assert run_reads.job_states(["send_reminders"], timezone.now())["send_reminders"].pending is True
 
 
 @pytest.mark.django_db

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def pending(name="lab_slow"):
     """The job is pending: its flag is up, or a kick row waits for a worker to take it."""
-    return run_reads.job_states([name], timezone.now())[name]["pending"]
+    return run_reads.job_states([name], timezone.now())[name].pending
 
 
 def kick_rows(name="lab_slow"):

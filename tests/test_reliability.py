@@ -4,6 +4,7 @@ Each test waits for the event the rule promises (a row done, a takeover, a recor
 workers' logs when it does not come.
 """
 
+import dataclasses
 import io
 import signal
 import tempfile
@@ -123,7 +124,7 @@ def test_a_takeover_that_finds_the_holder_back_coalesces_and_leaves_the_job_pend
 
     def seen_expired(worker):
         states = scan(worker)
-        states["lab_items"].update(held=False, orphaned=True)
+        states["lab_items"] = dataclasses.replace(states["lab_items"], held=False, orphaned=1)
         return states
 
     monkeypatch.setattr(Worker, "_read_states", seen_expired)

@@ -16,6 +16,10 @@ from ..exceptions import LeaseLost
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import _SQLType
+    from django.db.models import QuerySet
+
+    from ..models._tables import Lease
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -43,7 +47,7 @@ class LeaseFence:
         self.valid_until = valid_until
         #: PostgreSQL: the "BEGIN; lock" query of each raw connection (by id, with the connection to check it
         #: is the same one), built at its first transaction: the same bytes for every transaction of the attempt.
-        self._begin_queries: dict[int, tuple[Any, bytes]] = {}
+        self._begin_queries: dict[int, tuple[object, bytes]] = {}
 
     def ran_out(self) -> bool:
         """True once the time the last renewal covers has passed: from then on the lease counts as lost."""
@@ -91,7 +95,7 @@ class LeaseFence:
                 held = cursor.fetchone() is not None
         return held
 
-    def _statement(self, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    def _statement(self, connection: BaseDatabaseWrapper) -> tuple[str, list[_SQLType]]:
         """Return the fence's statement (``_sql.fence.hold_lease``) and its parameters: the lease row's id, token.
 
         On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).
@@ -192,7 +196,7 @@ def _begin(raw: Any) -> str:
 # never expires and its transactions are never touched.
 
 
-def lock_fences(leases: Any) -> list[int] | None:
+def lock_fences(leases: QuerySet[Lease]) -> list[int] | None:
     """Wait for the open fenced transactions of ``leases`` (a Lease queryset), and hold off new ones, until this
     transaction ends; answer the ids it locked (None elsewhere than PostgreSQL: nothing to do there).
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from django.db import connection as default_connection
 from django.db import transaction
@@ -78,7 +77,7 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
     short (``backlog`` false: the queue is drained) leaves the kick to the job's other active runs, so an empty
     queue drains down to one run: the last one to end serves it.
     """
-    summary: dict[str, Any] = {"last_outcome": outcome, "last_finished": Now()}
+    summary: dict[str, object] = {"last_outcome": outcome, "last_finished": Now()}
     if outcome == Outcome.SUCCEEDED:
         summary.update(last_success=Now(), failures_in_row=0)
     else:

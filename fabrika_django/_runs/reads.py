@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import connection as default_connection
 from django.db.models import Count, Exists, Min, OuterRef, Subquery
@@ -20,34 +21,74 @@ from .rows import lanes_of, lease_active
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import _SQLType
+    from django.db.models import Field
 
 logger = logging.getLogger("fabrika_django.runner")
 
 
-def job_states(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
-    """Read the ``Job`` row of each named job with ``active``, ``active_lanes``, ``lanes`` and ``holder``.
+@dataclass(frozen=True)
+class JobState:
+    """A job's ``Job`` row (a fresh row's defaults when it has none yet) and the state of its runs now."""
 
-    ``active_lanes`` counts the job's runs active now (one a lane); ``holder`` is one of their holders.
+    name: str
+    pending_since: datetime | None
+    lane_asked: datetime | None
+    next_fire: datetime | None
+    last_run_id: uuid.UUID | None
+    last_trigger: str
+    last_outcome: str
+    last_started: datetime | None
+    last_finished: datetime | None
+    last_success: datetime | None
+    failures_in_row: int
+    #: A run of the job holds an active lease now.
+    active: bool
+    #: The job's runs active now (one a lane).
+    active_lanes: int
+    #: The lanes the job may run in.
+    lanes: int
+    #: One of the holders of the active runs (None: no run active).
+    holder: str | None
+    #: The pending flag is set, or a kick no worker has taken yet waits.
+    pending: bool
+
+
+def job_states(names: list[str], now: datetime) -> dict[str, JobState]:
+    """Read the ``Job`` row of each named job with its run state (``JobState``).
 
     Jobs without rows yet (never run, no worker started since they were declared) answer the defaults of a
     fresh row: nothing is written on a read.
     """
-    fresh = {field.attname: field.get_default() for field in Job._meta.concrete_fields}
-    rows = {row["name"]: row for row in Job.objects.filter(name__in=names).values()}
+    rows = {row.name: row for row in Job.objects.filter(name__in=names)}
     active: dict[str, list[str]] = {}
-    for row in Lease.objects.filter(lease_active(now), job__in=names).values("job", "holder").order_by("lane"):
-        active.setdefault(row["job"], []).append(row["holder"])
+    leases = Lease.objects.filter(lease_active(now), job__in=names).values_list("job", "holder").order_by("lane")
+    for job, holder in leases:
+        active.setdefault(job, []).append(holder)
     kicked = waiting_kicks(names)
     states = {}
     for name in names:
-        state = dict(rows.get(name) or {**fresh, "name": name})
-        state["active"] = name in active
-        state["active_lanes"] = len(active.get(name, ()))
-        state["lanes"] = lanes_of(name)
-        state["holder"] = active[name][0] if name in active else None
-        # A kick no worker has taken yet is pending too.
-        state["pending"] = state["pending_since"] is not None or name in kicked
-        states[name] = state
+        row = rows.get(name) or Job(name=name)  # an unsaved row holds every field's default
+        holders = active.get(name, [])
+        states[name] = JobState(
+            name=name,
+            pending_since=row.pending_since,
+            lane_asked=row.lane_asked,
+            next_fire=row.next_fire,
+            last_run_id=row.last_run_id,
+            last_trigger=row.last_trigger,
+            last_outcome=row.last_outcome,
+            last_started=row.last_started,
+            last_finished=row.last_finished,
+            last_success=row.last_success,
+            failures_in_row=row.failures_in_row,
+            active=bool(holders),
+            active_lanes=len(holders),
+            lanes=lanes_of(name),
+            holder=holders[0] if holders else None,
+            # A kick no worker has taken yet is pending too.
+            pending=row.pending_since is not None or name in kicked,
+        )
     return states
 
 
@@ -85,14 +126,34 @@ def take_fire(name: str, read: datetime | None, following: datetime | None) -> b
     return bool(Job.objects.filter(name=name, next_fire=read).update(next_fire=following))
 
 
+@dataclass(frozen=True)
+class ScanState:
+    """What the worker's scan reads of one served job (``StateReader``)."""
+
+    #: The pending flag is set.
+    pending: bool
+    #: A run asked for one more lane.
+    asked: bool
+    next_fire: datetime | None
+    #: A lane's lease is active.
+    held: bool
+    #: The job's lanes whose lease is active.
+    active: int
+    #: The job's lanes whose lease was left expired (its holder is gone).
+    orphaned: int
+
+
+_FireConverter = Callable[[object], "datetime | None"]
+
+
 class StateReader:
     """The worker's scan: every served job's pending flag, next fire and lease, in one query."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = list(names)
-        self._sql: tuple[str, Callable[[Any], datetime | None]] | None = None
+        self._sql: tuple[str, _FireConverter] | None = None
 
-    def read(self) -> dict[str, dict[str, Any]]:
+    def read(self) -> dict[str, ScanState]:
         if self._sql is None:
             self._sql = _states_sql(len(self.names))
         sql, convert_fire = self._sql
@@ -100,19 +161,19 @@ class StateReader:
             cursor.execute(sql, self.names)
             rows = cursor.fetchall()
         return {
-            name: {
-                "pending": bool(pending),
-                "asked": bool(asked),
-                "next_fire": convert_fire(fire),
-                "held": bool(active),
-                "active": int(active or 0),
-                "orphaned": int(orphaned or 0),
-            }
+            name: ScanState(
+                pending=bool(pending),
+                asked=bool(asked),
+                next_fire=convert_fire(fire),
+                held=bool(active),
+                active=int(active or 0),
+                orphaned=int(orphaned or 0),
+            )
             for name, pending, asked, fire, active, orphaned in rows
         }
 
 
-def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
+def _states_sql(count: int) -> tuple[str, _FireConverter]:
     """The scan's query, built once per worker, and the converter of its ``next_fire`` column.
 
     A scan runs on every poll, and the ORM spent most of its time compiling the lease subqueries (a
@@ -124,13 +185,14 @@ def _states_sql(count: int) -> tuple[str, Callable[[Any], datetime | None]]:
     compiler = Job.objects.none().query.get_compiler(connection=connection)
     now, _ = compiler.compile(Now())
     sql = run_sql.job_states(connection, count, now)
-    column = Job._meta.get_field("next_fire").get_col(Job._meta.db_table)
+    field: Field[object, object] = Job._meta.get_field("next_fire")  # type: ignore[assignment]
+    column = field.get_col(Job._meta.db_table)
     converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
 
-    def convert_fire(value: Any) -> datetime | None:
+    def convert_fire(value: object) -> datetime | None:
         for converter in converters:
             value = converter(value, column, connection)
-        return value
+        return value  # type: ignore[return-value]
 
     return sql, convert_fire
 
@@ -184,7 +246,7 @@ class KickWait:
         return first_attempt_started(self.job, self.holder, kicked)
 
 
-def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[_SQLType]]:
     """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
 
     Per job, hour (UTC) of the start, outcome and duration bucket (``_digest.bucket_sql``; null while running) of
@@ -195,7 +257,7 @@ def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: d
     return run_sql.attempt_hours(connection, bucket), [Outcome.RUNNING.value, since, until]
 
 
-def attempt_ends(since: datetime, until: datetime) -> Any:
+def attempt_ends(since: datetime, until: datetime) -> Iterator[tuple[str, datetime, datetime | None, str]]:
     """(job, started, finished, outcome) of the attempts started in ``[since, until)``, read in chunks."""
     started = Attempt.objects.filter(started__gte=since, started__lt=until)
     return started.values_list("job", "started", "finished", "outcome").iterator(chunk_size=2000)

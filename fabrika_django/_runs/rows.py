@@ -8,7 +8,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import connection as default_connection
 from django.db.models import F, Q, Value
@@ -22,6 +22,10 @@ from ..models._tables import Job, Lease, Outcome
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import QuerySet
+    from django.db.models.expressions import CombinedExpression
+
+    from ..jobs import CronJob
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -59,7 +63,7 @@ def lease_active(now: datetime) -> Q:
     return Q(token__isnull=False, expires__gt=now)
 
 
-def own_row(lease: Started) -> Any:
+def own_row(lease: Started) -> QuerySet[Lease]:
     """The lease's row while it is this attempt's (its token), found by its primary key.
 
     By the key, not the token: on MariaDB/MySQL a statement that found the row through the token's index would
@@ -82,7 +86,7 @@ def own_row(lease: Started) -> Any:
 LEASE_MARGIN_SECONDS = 1.0
 
 
-def inline_lease_seconds(job: Any) -> float:
+def inline_lease_seconds(job: CronJob) -> float:
     """The one grant of a run inline in a caller's transaction, which cannot renew: its timeout and the margin."""
     return float(job.timeout.total_seconds()) + LEASE_MARGIN_SECONDS
 
@@ -92,7 +96,7 @@ def valid_until(sent: float, seconds: float) -> float:
     return sent + seconds - min(LEASE_MARGIN_SECONDS, seconds / 4)
 
 
-def expires_in(seconds: float) -> Any:
+def expires_in(seconds: float) -> CombinedExpression:
     """A lease's ``expires`` granted now for ``seconds``, on the database's clock."""
     return Now() + Value(timedelta(seconds=seconds))
 

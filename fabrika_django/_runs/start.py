@@ -8,7 +8,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import connection as default_connection
 from django.db import transaction
@@ -25,6 +25,9 @@ from .fence import end_frozen_fences, lock_fences
 from .lease import mark_crashed
 from .pending import take_kicks
 from .rows import Started, expires_in, lanes_of, lock_job
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import _SQLType
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -50,7 +53,7 @@ class Start:
     token: uuid.UUID = field(default_factory=uuid.uuid4)
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, _SQLType]:
         """The named parameters of ``free_lease_start_sql``."""
         return {
             "name": self.job,
@@ -118,8 +121,8 @@ def _start_under_job_lock(start: Start) -> Started | None:
     name, trigger, run_id, attempt = start.job, start.trigger, start.run_id, 1
     lock_job(name)
     take_kicks([name])  # kick rows no worker took yet: a run that starts serves them, else they make the flag
-    flags: dict[str, Any] = dict(Job.objects.filter(name=name).values("pending_since", "lane_asked").first() or {})
-    pending, asked = flags.get("pending_since") is not None, flags.get("lane_asked") is not None
+    since, lane_asked = Job.objects.filter(name=name).values_list("pending_since", "lane_asked").first() or (None, None)
+    pending, asked = since is not None, lane_asked is not None
     lanes = lanes_of(name, start.lanes)
     previous = _pick_lane(name, lanes, serving=start.mark_pending or pending, asked=asked)
     if previous is None:
@@ -130,16 +133,16 @@ def _start_under_job_lock(start: Start) -> Started | None:
         if asked:
             Job.objects.filter(name=name).update(lane_asked=None)
         return None
-    held = previous["token"] is not None
-    resumed = bool(held and previous["run_id"] and previous["attempt"] < start.max_attempt)
-    if resumed:
-        run_id, attempt = previous["run_id"], previous["attempt"] + 1
+    held = previous.token is not None
+    resumed = bool(held and previous.run_id and previous.attempt < start.max_attempt)
+    if resumed and previous.run_id is not None:
+        run_id, attempt = previous.run_id, previous.attempt + 1
         trigger = Job.objects.filter(name=name).values_list("last_trigger", flat=True).first() or trigger
     if held:
         # A frozen holder's fenced transactions end first, else the fence's lock below would wait for them.
-        end_frozen_fences(previous["id"])
-        lock_fences(Lease.objects.filter(pk=previous["id"]))
-    taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), id=previous["id"]).update(
+        end_frozen_fences(previous.id)
+        lock_fences(Lease.objects.filter(pk=previous.id))
+    taken = Lease.objects.filter(Q(token__isnull=True) | Q(expires__lt=Now()), id=previous.id).update(
         token=start.token, holder=start.holder, run_id=run_id, attempt=attempt, expires=expires_in(start.seconds)
     )
     if not taken:
@@ -147,10 +150,10 @@ def _start_under_job_lock(start: Start) -> Started | None:
         if start.mark_pending:
             Job.objects.filter(name=name, pending_since__isnull=True).update(pending_since=Now())
         return None
-    lane = previous["lane"]
+    lane = previous.lane
     if held:
-        mark_crashed(name, [previous["run_id"]])
-        logger.warning("Lease taken over job=%s lane=%d run=%s resumed=%d", name, lane, previous["run_id"], resumed)
+        mark_crashed(name, [previous.run_id] if previous.run_id is not None else [])  # a held lease has its run
+        logger.warning("Lease taken over job=%s lane=%d run=%s resumed=%d", name, lane, previous.run_id, resumed)
     if not resumed:
         # A run that starts now serves every kick and ask so far; one after this point makes one more run.
         Job.objects.filter(name=name).update(
@@ -160,27 +163,41 @@ def _start_under_job_lock(start: Start) -> Started | None:
     first = Attempt.objects.create(
         job=name, run_id=run_id, trigger=trigger, number=attempt, lane=lane, holder=start.holder
     )
-    return Started(name, start.token, run_id, trigger, attempt, start.holder, first.pk, lane, previous["id"], lanes)
+    return Started(name, start.token, run_id, trigger, attempt, start.holder, first.pk, lane, previous.id, lanes)
 
 
-def _pick_lane(name: str, lanes: int, *, serving: bool, asked: bool) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class _LaneState:
+    """One lane's lease as a start reads it under the Job row's lock."""
+
+    id: int
+    lane: int
+    #: The holder's token; None: the lane is free.
+    token: uuid.UUID | None
+    run_id: uuid.UUID | None
+    attempt: int
+    #: The lease's expiry passed (by the database's clock).
+    expired: bool
+
+
+def _pick_lane(name: str, lanes: int, *, serving: bool, asked: bool) -> _LaneState | None:
     """Choose the lease a start takes, under the Job row's lock; None: the job is busy.
 
     A lane left expired first (its run is cut off and resumes); else a free lane when the job is idle and the
     start serves a kick, a fire or a hand (``serving``), or when a run asked for one more lane (``asked``).
     """
     leases = _lanes_rows(name, lanes)
-    expired = [row for row in leases if row["token"] is not None and row["expired"]]
+    expired = [row for row in leases if row.token is not None and row.expired]
     if expired:
         return expired[0]
-    free = [row for row in leases if row["token"] is None]
+    free = [row for row in leases if row.token is None]
     idle = len(free) == len(leases)
     if free and ((serving and idle) or asked):
         return free[0]
     return None
 
 
-def _lanes_rows(name: str, lanes: int) -> list[dict[str, Any]]:
+def _lanes_rows(name: str, lanes: int) -> list[_LaneState]:
     """Read the job's lanes ``0..lanes-1`` (making rows missing: a job that gained lanes), lowest first."""
     gone = ExpressionWrapper(Q(expires__lt=Now()), output_field=BooleanField())
     fields = ("id", "lane", "token", "run_id", "attempt", "expired")
@@ -189,4 +206,4 @@ def _lanes_rows(name: str, lanes: int) -> list[dict[str, Any]]:
         # A kick makes the Job row alone; without its Lease rows no run could ever take a lease.
         Lease.objects.bulk_create([Lease(job=name, lane=lane) for lane in range(lanes)], ignore_conflicts=True)
         rows = list(Lease.objects.filter(job=name, lane__lt=lanes).annotate(expired=gone).values(*fields))
-    return sorted(rows, key=lambda row: row["lane"])
+    return sorted((_LaneState(**row) for row in rows), key=lambda row: row.lane)

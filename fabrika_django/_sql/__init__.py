@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,8 +30,9 @@ from .._caches import resets_with_settings
 if TYPE_CHECKING:
     from django.db import models
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import _SQLType
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., object])
 
 #: Stands for "now" while a statement is compiled once (``Compiled``): no real instant is ever this one.
 SAMPLE_NOW = datetime(2000, 1, 1, tzinfo=UTC)
@@ -72,20 +73,20 @@ class Compiled:
     found exactly once: a statement whose "now" cannot be swapped must be compiled each time.
     """
 
-    def __init__(self, sql: str, params: list[Any] | tuple[Any, ...], sample: Any) -> None:
+    def __init__(self, sql: str, params: Sequence[_SQLType], sample: object) -> None:
         self.sql = sql
         self.params = list(params)
         self.at = [index for index, value in enumerate(self.params) if type(value) is type(sample) and value == sample]
         self.usable = len(self.at) == 1
 
-    def bind(self, now: Any) -> list[Any]:
+    def bind(self, now: _SQLType) -> list[_SQLType]:
         """The parameters with ``now`` (as the database takes it) in the sample's place."""
         values = list(self.params)
         for index in self.at:
             values[index] = now
         return values
 
-    def named(self) -> tuple[str, dict[str, Any]]:
+    def named(self) -> tuple[str, dict[str, _SQLType]]:
         """The SQL with ``%(now)s`` in the sample's place and ``%(pN)s`` for the rest; the fixed values by name.
 
         For a statement built of named parameters (``%(name)s``) around this condition.

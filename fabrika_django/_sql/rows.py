@@ -7,10 +7,12 @@ expression, a parent model's field) goes to the ORM. Every name passed in is quo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import _SQLType
+    from django.db.models import Model
 
 
 def write_lock(quoted_table: str, quoted_column: str) -> str:
@@ -18,7 +20,7 @@ def write_lock(quoted_table: str, quoted_column: str) -> str:
     return f"UPDATE {quoted_table} SET {quoted_column} = {quoted_column} WHERE 1 = 0"  # noqa: S608  quoted names
 
 
-def pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[Any]) -> tuple[str, list[Any]]:
+def pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[_SQLType]) -> tuple[str, list[_SQLType]]:
     """``column`` in ``pks`` as SQL and parameters."""
     if connection.vendor == "postgresql":
         # One array parameter, not a placeholder a row: psycopg's client-side binding parses a statement of
@@ -60,7 +62,7 @@ def returning(sql: str, column: str) -> str:
     return f"{sql} RETURNING {column}"
 
 
-def db_pks(model: Any, connection: BaseDatabaseWrapper, pks: list[Any]) -> list[Any]:
+def db_pks(model: type[Model], connection: BaseDatabaseWrapper, pks: list[_SQLType]) -> list[_SQLType]:
     """``pks`` as the database takes and answers them (integers as they are)."""
     from django.db import models
 

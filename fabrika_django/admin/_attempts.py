@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin
 from django.http import HttpRequest
@@ -12,6 +12,11 @@ from django.utils.translation import gettext_lazy as _
 from ..jobs import registry
 from ..models import Attempt, Outcome
 from ._display import breakable, time_column, took
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+
+    from ._display import FieldGroups
 
 
 def outcome_badge(outcome: str) -> str:
@@ -27,10 +32,10 @@ class _JobFilter(admin.SimpleListFilter):
     title = _("job")
     parameter_name = "job"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+    def lookups(self, request: HttpRequest, model_admin: object) -> list[tuple[str, str]]:
         return [(job.name, job.name) for job in registry]
 
-    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Attempt]) -> QuerySet[Attempt]:
         return queryset.filter(job=self.value()) if self.value() else queryset
 
 
@@ -44,10 +49,10 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -79,7 +84,7 @@ class AttemptAdmin(HistoryAdmin):
     class Media:
         css = {"all": ["fabrika_django/admin.css"]}
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_fields(self, request: HttpRequest, obj: Attempt | None = None) -> FieldGroups:
         fields = list(super().get_fields(request, obj))
         return fields if obj is not None and obj.message else [name for name in fields if name != "message"]
 

@@ -3,16 +3,30 @@ a person can compare, dotted names that wrap at their dots."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from django.contrib import admin
+from django.db import models
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    # Types only (django-stubs checks types; it is no dependency): what Django's admin hooks take and return, in
+    # django-stubs' own names, so the admin's overrides say the same as the methods they override.
+    from django.contrib.admin import options
+    from django_stubs_ext import StrOrPromise
+
+    FieldGroups: TypeAlias = options._FieldGroups
+    Fieldsets: TypeAlias = options._FieldsetSpec
+    _M = TypeVar("_M", bound=models.Model)
+    ListDisplay: TypeAlias = options._ListDisplayT[_M]
+    ListFilterSpec: TypeAlias = options._ListFilterT
 
 
 def relative(value: datetime, now: datetime) -> str:
@@ -45,14 +59,19 @@ def moment(value: datetime | None, now: datetime) -> str:
     )
 
 
-def time_column(field: str, description: Any) -> Any:
+def time_column(field: str, description: StrOrPromise) -> Callable[[object, models.Model], str]:
     """Return an admin column showing the datetime ``field`` as ``moment`` does, sortable by that field."""
 
     @admin.display(description=description, ordering=field)
-    def column(model_admin: Any, row: Any) -> str:
+    def column(model_admin: object, row: models.Model) -> str:
         return moment(getattr(row, field), timezone.now())
 
     return column
+
+
+def flat_fields(lines: FieldGroups) -> list[str]:
+    """Return the field names of a fieldset's ``fields`` (a line may be a tuple of names)."""
+    return [name for line in lines for name in (line if isinstance(line, (list, tuple)) else (line,))]
 
 
 def took(seconds: float) -> str:

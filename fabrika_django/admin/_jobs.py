@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -20,12 +20,18 @@ from django.utils.translation import ngettext
 
 from .._runs import reads as run_reads
 from .._schedule_words import describe
-from ..jobs import registry
+from ..jobs import CronJob, registry
 from ..kicks import kick
 from ..models import Job
 from ..schedule import Schedule
 from ._attempts import outcome_badge
 from ._queues import _relative
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from django.db.models import QuerySet
+    from django.urls import URLPattern
 
 _RECENT_ATTEMPTS = 10
 
@@ -94,7 +100,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     class Media:
         css = {"all": ["fabrika_django/admin.css"]}
 
-    def get_queryset(self, request: HttpRequest) -> Any:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         now = timezone.now()
         return (
             super()
@@ -106,17 +112,17 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
         )
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+    def get_changelist(self, request: HttpRequest, **kwargs: object) -> type[ChangeList]:
         return _JobChangeList
 
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         """Return the job's row; for a registered job without one yet, the row it will have (unsaved)."""
         job = super().get_object(request, object_id, from_field)
         if job is None and object_id in registry:
             job = Job(name=object_id)
         return job
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, object] | None = None) -> HttpResponse:
         context = {
             "fabrika_overview_url": reverse(f"{self.admin_site.name}:fabrika_django_overview"),
             **(extra_context or {}),
@@ -126,7 +132,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are declared with @cron, not made here
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False  # a registered job's row comes back on the next run
 
     @admin.display(description=_("schedule"))
@@ -224,22 +230,22 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return outcome_badge(job.last_outcome)
 
     @admin.display(description=_("retries"))
-    def retries(self, job: Job) -> Any:
+    def retries(self, job: Job) -> int | str:
         registered = _registered(job)
         return registered.retries if registered is not None else "—"
 
     @admin.display(description=_("timeout"))
-    def timeout(self, job: Job) -> Any:
+    def timeout(self, job: Job) -> timedelta | str:
         registered = _registered(job)
         return registered.timeout if registered is not None else "—"
 
     @admin.display(description=_("rate limit"))
-    def rate_limit(self, job: Job) -> Any:
+    def rate_limit(self, job: Job) -> str:
         registered = _registered(job)
         return registered.rate_limit if registered is not None and registered.rate_limit else "—"
 
     @admin.display(description=_("kicks"))
-    def kicks(self, job: Job) -> Any:
+    def kicks(self, job: Job) -> str:
         registered = _registered(job)
         return ", ".join(registered.kicks) if registered is not None and registered.kicks else "—"
 
@@ -266,7 +272,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return format_html('<ul class="fabrika-plain">{}</ul><a href="{}">{}</a>', items, everything, _("All attempts"))
 
     @admin.action(description=_("Run selected now"), permissions=["change"])
-    def run_selected_now(self, request: HttpRequest, queryset: Any) -> None:
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         """Kick each selected registered job: a worker runs it within seconds."""
         # A registered job listed without a row yet is selected by name: the queryset holds rows only.
         selected = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
@@ -285,7 +291,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             messages.SUCCESS,
         )
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         site = self.admin_site
         mine = [
             path("<path:object_id>/run/", site.admin_view(self._run_view), name="fabrika_django_job_run"),
@@ -313,8 +319,16 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         page = reverse(f"{self.admin_site.name}:fabrika_django_job_change", args=[quote(job.pk)])
         return HttpResponseRedirect(page)
 
-    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        job = kwargs.get("obj") or context.get("original")
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, object],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Job | None = None,
+    ) -> HttpResponse:
+        job = obj  # Django passes the row as ``obj`` (and as the context's "original")
         context.update(
             title=_("Job"),
             show_save=False,
@@ -324,7 +338,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
         if job is not None and job.name in registry and self.has_change_permission(request, job):
             context["fabrika_run_url"] = reverse(f"{self.admin_site.name}:fabrika_django_job_run", args=[quote(job.pk)])
-        return super().render_change_form(request, context, *args, **kwargs)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
 
 def _kick(name: str) -> None:
@@ -357,5 +371,5 @@ def _registered_names() -> list[str]:
     return [job.name for job in registry]
 
 
-def _registered(job: Job) -> Any:
+def _registered(job: Job) -> CronJob | None:
     return registry.get(job.name) if job.name in registry else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import django
 from django.contrib import admin
@@ -23,11 +23,31 @@ from ..models import Overview
 from ..ops import _health
 from ..ops._counts import QueueCounts, count_queue, queue_models
 from ..ops._report import job_states
-from ._pictures import job_pictures, queue_pictures
+from ._pictures import JobPicture, job_pictures, queue_pictures
 from ._queues import _relative
+
+if TYPE_CHECKING:
+    from django.urls import URLPattern
 
 #: Done rows are counted up to this many: past it the page says "10000+" instead of reading the whole table.
 DONE_COUNT_CAP = 10_000
+
+
+class _JobRow(TypedDict):
+    """A job's row on the overview."""
+
+    name: str
+    url: str | None
+    active: bool
+    active_lanes: int
+    lanes: int
+    pending: bool
+    last_outcome: str
+    last_finished: datetime | None
+    last_success: datetime | None
+    failures_in_row: int
+    last_success_words: str | None
+    picture: JobPicture
 
 
 def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]) -> str | None:
@@ -43,13 +63,13 @@ def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]
 
 def _queue_rows(
     site: AdminSite, request: HttpRequest, now: datetime, counted: dict[str, QueueCounts]
-) -> list[dict[str, Any]]:
-    rows = []
+) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
     pictures = queue_pictures(list(counted), now)
     for model in queue_models():
         counts = counted[model._meta.label]
         url = _changelist(site, request, model)
-        cells = []
+        cells: list[dict[str, object]] = []
         for state, label in STATES:
             value = getattr(counts, state)
             shown = f"{DONE_COUNT_CAP}+" if state == "done" and value > DONE_COUNT_CAP else str(value)
@@ -79,28 +99,28 @@ def _queue_rows(
     return rows
 
 
-def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict[str, Any]]:
-    rows = []
+def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[_JobRow]:
+    rows: list[_JobRow] = []
     pictures = job_pictures([registered.name for registered in registry], now)
     for state in job_states(now):
         try:
-            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state["name"])])
+            url = reverse(f"{site.name}:fabrika_django_job_change", args=[quote(state.name)])
         except NoReverseMatch:
             url = None
         rows.append(
             {
-                "name": state["name"],
+                "name": state.name,
                 "url": url,
-                "active": state["active"],
-                "active_lanes": state["active_lanes"],
-                "lanes": state["lanes"],
-                "pending": state["pending"],
-                "last_outcome": state["last_outcome"],
-                "last_finished": state["last_finished"],
-                "last_success": state["last_success"],
-                "failures_in_row": state["failures_in_row"],
-                "last_success_words": _relative(state["last_success"], now) if state["last_success"] else None,
-                "picture": pictures[state["name"]],
+                "active": state.active,
+                "active_lanes": state.active_lanes,
+                "lanes": state.lanes,
+                "pending": state.pending,
+                "last_outcome": state.last_outcome,
+                "last_finished": state.last_finished,
+                "last_success": state.last_success,
+                "failures_in_row": state.failures_in_row,
+                "last_success_words": _relative(state.last_success, now) if state.last_success else None,
+                "picture": pictures[state.name],
             }
         )
     return rows
@@ -139,19 +159,19 @@ class OverviewAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: Overview | None = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Overview | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Overview | None = None) -> bool:
         return False
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(overview_view(self.admin_site))
         return [
             path("", view, name="fabrika_django_overview"),

@@ -5,8 +5,9 @@ with a sentence that says what the chart shows (shown under it, and the SVG's de
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TypedDict
 
+from django.utils.safestring import SafeString
 from django.utils.text import slugify
 from django.utils.translation import ngettext
 
@@ -76,10 +77,31 @@ def _backlog_summary(hours: QueueHours, slots: list[datetime]) -> str:
     )
 
 
-def job_pictures(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+class JobPicture(TypedDict):
+    """A job's two charts on the overview, with their legends and summaries; ``empty``: no attempt in the window."""
+
+    attempts: SafeString
+    attempts_legend: SafeString
+    attempts_summary: str
+    duration: SafeString
+    duration_legend: SafeString
+    duration_summary: str
+    empty: bool
+
+
+class QueuePicture(TypedDict):
+    """A queue table's backlog chart on the overview; ``empty``: no sample in the window."""
+
+    backlog: SafeString
+    legend: SafeString
+    summary: str
+    empty: bool
+
+
+def job_pictures(names: list[str], now: datetime) -> dict[str, JobPicture]:
     """Return per job its two charts (attempts, duration) with their legends and summaries."""
     slots = hour_slots(now)
-    pictures = {}
+    pictures: dict[str, JobPicture] = {}
     for name, hours in job_hours(names, now).items():
         key = slugify(name) or "job"
         bands = [Series(_BAND_LABELS[band], _BAND_CSS[band], hours.counts[band]) for band in _BAND_LABELS]
@@ -108,10 +130,10 @@ def job_pictures(names: list[str], now: datetime) -> dict[str, dict[str, Any]]:
     return pictures
 
 
-def queue_pictures(labels: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+def queue_pictures(labels: list[str], now: datetime) -> dict[str, QueuePicture]:
     """Return per queue table its backlog chart (due now and dead) with its legend and summary."""
     slots = hour_slots(now)
-    pictures = {}
+    pictures: dict[str, QueuePicture] = {}
     for label, hours in queue_hours(labels, now).items():
         series = [Series("due now", "due", hours.due_now), Series("dead", "dead", hours.dead)]
         summary = _backlog_summary(hours, slots)

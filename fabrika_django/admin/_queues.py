@@ -17,13 +17,17 @@ from django.utils.translation import ngettext
 
 from .._queuestate import STATES, row_state_at, state_q
 from .._requeue import RunningTasks, requeue_rows
-from ._display import moment, relative
+from ._display import flat_fields, moment, relative
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from django.db.models import QuerySet
     from django.urls import URLPattern
+    from django_stubs_ext import StrOrPromise
 
     from ..models import QueueModel
+    from ._display import Fieldsets, ListDisplay, ListFilterSpec
 
 _relative = relative  # the name the jobs page and the overview import
 
@@ -44,11 +48,6 @@ def _version(text: str) -> int | None:
     return value if value <= _VERSION_MAX else None
 
 
-def _flat(lines: Any) -> list[str]:
-    """Return the field names of a fieldset's ``fields`` (a line may be a tuple of names)."""
-    return [name for line in lines for name in (line if isinstance(line, (list, tuple)) else (line,))]
-
-
 def _badge(state: str, label: object) -> str:
     return format_html('<span class="fabrika-badge fabrika-badge--{}">{}</span>', state.replace("_", "-"), label)
 
@@ -59,10 +58,10 @@ class StateListFilter(admin.SimpleListFilter):
     title = _("state")
     parameter_name = "state"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+    def lookups(self, request: HttpRequest, model_admin: object) -> Iterable[tuple[str, StrOrPromise]]:
         return STATES
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[QueueModel]) -> QuerySet[QueueModel]:
         value = self.value()
         if value not in dict(STATES):
             return queryset
@@ -70,7 +69,7 @@ class StateListFilter(admin.SimpleListFilter):
 
 
 if TYPE_CHECKING:
-    _AdminBase = admin.ModelAdmin[Any]
+    _AdminBase = admin.ModelAdmin[QueueModel]
 else:
     _AdminBase = object  # the mixin goes before a ModelAdmin in the bases; it is none itself
 
@@ -91,7 +90,7 @@ class QueueModelAdminMixin(_AdminBase):
     class Media:
         css = {"all": ["fabrika_django/admin.css"]}
 
-    def get_list_display(self, request: HttpRequest) -> Any:
+    def get_list_display(self, request: HttpRequest) -> ListDisplay[QueueModel]:
         shown = list(super().get_list_display(request))
         return [*shown, *(column for column in _COLUMNS if column not in shown)]
 
@@ -108,7 +107,7 @@ class QueueModelAdminMixin(_AdminBase):
                 actions["requeue_selected"] = action
         return actions
 
-    def get_list_filter(self, request: HttpRequest) -> Any:
+    def get_list_filter(self, request: HttpRequest) -> list[ListFilterSpec] | tuple[ListFilterSpec, ...]:
         filters = list(super().get_list_filter(request))
         return filters if StateListFilter in filters else [StateListFilter, *filters]
 
@@ -116,16 +115,16 @@ class QueueModelAdminMixin(_AdminBase):
         fields = list(super().get_readonly_fields(request, obj))
         return [*fields, *(name for name in _READ_ONLY if name not in fields)]
 
-    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_fieldsets(self, request: HttpRequest, obj: QueueModel | None = None) -> Fieldsets:
         fieldsets = list(super().get_fieldsets(request, obj))
         if obj is None:
             return fieldsets
-        placed = {name for _title, options in fieldsets for name in _flat(options.get("fields", ()))}
+        placed = {name for _title, options in fieldsets for name in flat_fields(options.get("fields", ()))}
         if self.fieldsets is not None and not placed.isdisjoint(_READ_ONLY):
             return fieldsets  # the admin placed them itself
         # The queue's own fields first, on a row of their own: what a person opens a stuck row for.
-        rest = [
-            (title, dict(options, fields=[line for line in options.get("fields", ()) if line not in _READ_ONLY]))
+        rest: Fieldsets = [
+            (title, {**options, "fields": [line for line in options.get("fields", ()) if line not in _READ_ONLY]})
             for title, options in fieldsets
         ]
         return [(_("Queue"), {"fields": [_READ_ONLY[:3], _READ_ONLY[3:]]}), *rest]
@@ -215,16 +214,28 @@ class QueueModelAdminMixin(_AdminBase):
         self._requeue(request, [row])
         return HttpResponseRedirect(page)
 
-    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        row = kwargs.get("obj") or context.get("original")
-        if row is not None and row.pk is not None:
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, object],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: QueueModel | None = None,
+    ) -> HttpResponse:
+        # Django passes the row as ``obj`` (and as the context's "original").
+        if obj is not None and obj.pk is not None:
             opts = self.model._meta
             context["fabrika_requeue_url"] = (
-                reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_requeue", args=[quote(row.pk)])
-                if row.due is not None and self.has_change_permission(request, row)
+                reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_requeue", args=[quote(obj.pk)])
+                if self._requeue_button(request, obj)
                 else None
             )
-        return super().render_change_form(request, context, *args, **kwargs)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _requeue_button(self, request: HttpRequest, row: QueueModel) -> bool:
+        """Whether a row's page shows the Requeue button: a row not done, to a user who may change it."""
+        return row.due is not None and self.has_change_permission(request, row)
 
 
 class QueueModelAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]

@@ -6,7 +6,7 @@ person's data) are on a task's own page only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -18,8 +18,14 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import QueuedTask, TaskStatus
-from ._display import breakable, time_column
+from ._display import breakable, flat_fields, time_column
 from ._queues import QueueModelAdminMixin, StateListFilter
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from ..models import QueueModel
+    from ._display import ListDisplay, ListFilterSpec
 
 
 class _FunctionFilter(admin.SimpleListFilter):
@@ -28,11 +34,11 @@ class _FunctionFilter(admin.SimpleListFilter):
     title = _("function")
     parameter_name = "function"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+    def lookups(self, request: HttpRequest, model_admin: object) -> list[tuple[str, str]]:
         paths = QueuedTask.objects.order_by("task_path").values_list("task_path", flat=True).distinct()[:200]
         return [(path, path) for path in paths]
 
-    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> QuerySet[QueuedTask]:
         return queryset.filter(task_path=self.value()) if self.value() else queryset
 
 
@@ -50,7 +56,9 @@ class _OverviewStateFilter(StateListFilter):
 class _TaskChangeList(ChangeList):
     """The list reads no call or result: a page of 50 tasks of a few MB each would load them all for nothing."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+    def get_queryset(
+        self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
+    ) -> QuerySet[QueuedTask]:
         return super().get_queryset(request, exclude_parameters).defer(*_NOT_LISTED)
 
 
@@ -82,17 +90,17 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
     last_attempted = time_column("last_attempted_at", _("last attempted"))
     finished = time_column("finished_at", _("finished"))
 
-    def get_list_display(self, request: HttpRequest) -> Any:
+    def get_list_display(self, request: HttpRequest) -> ListDisplay[QueueModel]:
         return self.list_display  # status, not the queue's state column: a task speaks Django's words
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+    def get_changelist(self, request: HttpRequest, **kwargs: object) -> type[ChangeList]:
         return _TaskChangeList
 
-    def get_list_filter(self, request: HttpRequest) -> Any:
+    def get_list_filter(self, request: HttpRequest) -> list[ListFilterSpec] | tuple[ListFilterSpec, ...]:
         return self.list_filter
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [name for _title, options in self.fieldsets for name in options["fields"]]
+    def get_readonly_fields(self, request: HttpRequest, obj: QueueModel | None = None) -> list[str]:
+        return [name for _title, options in self.fieldsets for name in flat_fields(options["fields"])]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # a task is enqueued by code, with @task's validation
@@ -117,7 +125,7 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
         return len(row.worker_ids)  # Django's TaskResult.attempts; the queue's own column jumps when given up
 
     @admin.action(description=_("Requeue selected failed tasks"), permissions=["change"])
-    def requeue_selected(self, request: HttpRequest, queryset: Any) -> None:
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> None:  # type: ignore[override]
         """Requeue the FAILED tasks among those selected and leave READY and SUCCESSFUL ones; a RUNNING one
         refuses the whole action, as ``fabrika_job requeue`` does."""
         failed = queryset.filter(status__in=(TaskStatus.FAILED, TaskStatus.RUNNING))
@@ -138,16 +146,14 @@ class QueuedTaskAdmin(QueueModelAdminMixin, admin.ModelAdmin):  # type: ignore[t
         # permission first, a missing row) as for any queue row.
         if request.method == "POST" and self.has_change_permission(request):
             row = self.get_object(request, unquote(object_id))
-            if row is not None and row.status not in (TaskStatus.FAILED, TaskStatus.RUNNING):
+            if isinstance(row, QueuedTask) and row.status not in (TaskStatus.FAILED, TaskStatus.RUNNING):
                 self.message_user(request, _("Only a failed task can be requeued."), messages.WARNING)
                 opts = self.model._meta
                 page = reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[row.pk])
                 return HttpResponseRedirect(page)
         return super()._requeue_view(request, object_id)
 
-    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        response = super().render_change_form(request, context, *args, **kwargs)
-        row = kwargs.get("obj") or context.get("original")
-        if row is not None and row.status != TaskStatus.FAILED:
-            response.context_data["fabrika_requeue_url"] = None  # the button is for failed tasks only
-        return response
+    def _requeue_button(self, request: HttpRequest, row: QueueModel) -> bool:
+        # The button is for failed tasks only (a row of this admin is a task).
+        failed = isinstance(row, QueuedTask) and row.status == TaskStatus.FAILED
+        return failed and super()._requeue_button(request, row)

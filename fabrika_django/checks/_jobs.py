@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
@@ -22,7 +21,7 @@ def _job_error(job: CronJob, problem: str, hint: str, id: str) -> checks.Error:
 
 @checks.register("fabrika")
 def _check_jobs(
-    app_configs: Sequence[AppConfig] | None = None, *, jobs: JobRegistry | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None, *, jobs: JobRegistry | None = None, **kwargs: object
 ) -> list[checks.CheckMessage]:
     """Check every registered job, the duplicates the registry refused, and the kick graph."""
     jobs = registry if jobs is None else jobs

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from django.apps import AppConfig
 from django.conf import settings as django_settings
@@ -23,7 +22,7 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-_VALUE_RULES: dict[str, tuple[Any, str]] = {
+_VALUE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "ENVIRONMENT": (lambda v: isinstance(v, str), "a string, e.g. 'production'"),
     "BASE_URL": (
         lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
@@ -50,7 +49,7 @@ _SECRET_KEYS = frozenset({"METRICS_TOKEN"})
 
 
 @checks.register("fabrika")
-def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def _check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: object) -> list[checks.CheckMessage]:
     """Check ``settings.FABRIKA``: a dict of known keys with valid values; no top-level ``FABRIKA_*``."""
     errors: list[checks.CheckMessage] = []
     stray = sorted(name for name in dir(django_settings) if name.startswith("FABRIKA_"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
@@ -16,7 +15,7 @@ _QUEUE_OPTIONS = ("max_attempts",)
 
 @checks.register(checks.Tags.models, "fabrika")
 def _check_queue_models(
-    app_configs: Sequence[AppConfig] | None = None, *, models: Iterable[type] | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None, *, models: Iterable[type] | None = None, **kwargs: object
 ) -> list[checks.CheckMessage]:
     """Check each concrete queue model: a queue manager as its default manager, a valid ``max_attempts``."""
     from ..models import QueueModel
@@ -71,7 +70,7 @@ def _check_queue_models(
 
 @checks.register(checks.Tags.database, deploy=True)
 def _check_queue_tables_vacuum(
-    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: object
 ) -> list[checks.CheckMessage]:
     """PostgreSQL, ``check --deploy --database``: a queue table bloated by dead tuples needs autovacuum settings."""
     if not databases:

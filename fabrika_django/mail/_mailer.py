@@ -23,7 +23,7 @@ import logging
 import smtplib
 from collections.abc import Iterable, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings as django_settings
 from django.core import mail as django_mail
@@ -41,6 +41,8 @@ from ._envelope import Envelope
 from ._ledger import Ledger, SendResult, check_key, key_hash
 
 if TYPE_CHECKING:
+    from django.core.mail.backends.base import BaseEmailBackend
+
     from .._signal import AbortSignal
     from ..jobs import CronJob
 
@@ -68,7 +70,7 @@ _REFUSED = frozenset(
 )
 
 
-def _installation_backend() -> Any:
+def _installation_backend() -> BaseEmailBackend:
     """A new connection of the installation's mailer: ``MAILERS["default"]`` (Django 6.1+), else EMAIL_BACKEND."""
     handler = getattr(django_mail, "mailers", None)
     if handler is not None and hasattr(django_settings, "MAILERS"):
@@ -94,7 +96,7 @@ class Mailer:
         return self._backend is not None
 
     @cached_property
-    def _backend(self) -> Any:
+    def _backend(self) -> BaseEmailBackend | None:
         if self._mode == "none":
             return None
         if self._mode == "locmem":
@@ -202,7 +204,7 @@ class Mailer:
         logger.info("Mail accepted job=%s provider=%s", self._job_name, result.provider)
         return result
 
-    def _refuse_what_the_transport_cannot_carry(self, files: tuple[Any, ...], unsubscribe_url: str | None) -> None:
+    def _refuse_what_the_transport_cannot_carry(self, files: tuple[object, ...], unsubscribe_url: str | None) -> None:
         capabilities = self.capabilities
         if files and not capabilities.attachments:
             raise EmailDeliveryError(
@@ -243,7 +245,9 @@ class Mailer:
             except Exception:  # noqa: S110 - a failed QUIT after the last answer changes nothing
                 pass
 
-    def _deliver(self, backend: Any, message: EmailMultiAlternatives, seconds: float, ledger: Ledger) -> None:
+    def _deliver(
+        self, backend: BaseEmailBackend, message: EmailMultiAlternatives, seconds: float, ledger: Ledger
+    ) -> None:
         """Send ``message``; a failure before it could leave frees the ledger's key, any other is unknown.
 
         The connection stays open for the attempt's next message (a batch pays one TLS and login, not one a
@@ -277,7 +281,7 @@ class Mailer:
             )
 
 
-def _connect(backend: Any, seconds: float) -> None:
+def _connect(backend: BaseEmailBackend, seconds: float) -> None:
     """Open the backend's connection, or make sure the open one still answers; bound its socket by ``seconds``."""
     if hasattr(backend, "timeout"):
         backend.timeout = seconds

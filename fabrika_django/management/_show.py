@@ -9,12 +9,15 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings as django_settings
 from django.core.management.base import CommandError
 
 from ..jobs import registry
+
+if TYPE_CHECKING:
+    from ..ops._report import Status
 
 
 def usage(message: str) -> CommandError:
@@ -55,7 +58,7 @@ def job_lines(now: datetime) -> list[str]:
     )
 
 
-def status_lines(report: dict[str, Any], *, as_json: bool) -> list[str]:
+def status_lines(report: Status, *, as_json: bool) -> list[str]:
     """The status report (``ops._report.status``): queue tables, jobs and health, or the report as JSON."""
     if as_json:
         return [json.dumps(report, indent=2, sort_keys=True)]

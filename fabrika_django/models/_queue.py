@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
 
 from django.db import models, router, transaction
 from django.db.models.deletion import Collector
@@ -53,7 +52,7 @@ class QueueModel(models.Model):
         """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
         return row_state(self) == "waiting" and self.due is not None and self.due <= _now()
 
-    def finish(self, **values: Any) -> None:
+    def finish(self, **values: object) -> None:
         """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""
         _refuse_own_fields("finish", values)
         self._write_versioned(dict(values, due=None))
@@ -77,7 +76,7 @@ class QueueModel(models.Model):
                 "record_failure() needs a fixed code: 1-64 characters of a-z, 0-9, '_', '.', '-' "
                 "naming the step (e.g. 'send'), never an error message."
             )
-        values: dict[str, Any] = {"last_failure": code}
+        values: dict[str, object] = {"last_failure": code}
         if give_up:
             values["attempts"] = max(self.attempts, max_attempts_of(type(self)))
         self._write_versioned(values)
@@ -96,7 +95,7 @@ class QueueModel(models.Model):
         if not deleted:
             raise self._conflict()
 
-    def _write_versioned(self, values: dict[str, Any]) -> None:
+    def _write_versioned(self, values: dict[str, object]) -> None:
         """Write ``values`` and the next version in one UPDATE conditioned on the version read."""
         using = self._state.db or router.db_for_write(type(self), instance=self)
         if not _update_row(type(self), using, self.pk, self.version, values):
@@ -113,7 +112,7 @@ class QueueModel(models.Model):
 
 
 @receiver(class_prepared)
-def _add_queue_indexes(sender: type[models.Model], **kwargs: Any) -> None:
+def _add_queue_indexes(sender: type[models.Model], **kwargs: object) -> None:
     """Give every concrete queue model its claim index and its dead-row index, both partial.
 
     The claim index, on ``(due, pk)`` (claim's order: oldest due, then pk), holds waiting rows only: done rows

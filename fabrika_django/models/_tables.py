@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrPromise
 
 
 class Outcome(models.TextChoices):
@@ -54,7 +57,7 @@ class Outcome(models.TextChoices):
     OUTCOME_UNKNOWN = "outcome_unknown", _("outcome unknown")
 
 
-def _outcome_choices() -> list[tuple[str, Any]]:
+def _outcome_choices() -> list[tuple[str, StrPromise]]:
     """The outcome field's choices, read from ``Outcome`` when asked: a migration keeps only this function's
     name, so a new outcome code costs no migration."""
     return Outcome.choices

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
@@ -20,6 +20,9 @@ from .._queuestate import not_done_q, q_sql, state_sql
 from .._sql import cache
 from .._sql import ops as ops_sql
 from ..models import QueueModel
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import _SQLType
 
 
 @dataclass
@@ -44,7 +47,7 @@ def queue_models() -> list[type[models.Model]]:
 
 def count_sql(
     model: type[models.Model], now: datetime, using: str, cap: int | None, *, done: bool = True
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[_SQLType]]:
     """Return the one statement that counts a queue table's states, and its parameters.
 
     The outer query reads only waiting or dead rows, written as the predicates of the table's two partial
@@ -65,7 +68,7 @@ def count_sql(
 @cache(maxsize=256)
 def _count_template(
     model: type[models.Model], using: str, cap: int | None, done: bool
-) -> tuple[str, list[Any], frozenset[int]]:
+) -> tuple[str, list[_SQLType], frozenset[int]]:
     """``count_sql``'s statement and parameters, and which parameters are the moment ``now``.
 
     Compiled at two moments: the parameters that differ are the moment's (the statement is the same).
@@ -79,7 +82,7 @@ def _count_template(
 
 def _compile_count(
     model: type[models.Model], now: datetime, using: str, cap: int | None, *, done: bool = True
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[_SQLType]]:
     """Compile ``count_sql``'s statement for ``now`` (the states' ``Q`` through the ORM's compiler)."""
     connection = connections[using]
     quote = connection.ops.quote_name
@@ -112,7 +115,7 @@ def count_queue(model: type[models.Model], now: datetime, *, cap: int | None = N
     return QueueCounts(model, waiting, due_now, dead, done, _as_datetime(oldest))
 
 
-def _as_datetime(value: Any) -> datetime | None:
+def _as_datetime(value: object) -> datetime | None:
     """Return a MIN() of a datetime column as an aware datetime (SQLite answers text, MySQL a naive UTC value)."""
     if value is None or isinstance(value, datetime) and timezone.is_aware(value):
         return value

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.core import checks
 from django.db import connections, models, router
@@ -125,7 +124,7 @@ class Finding:
     pid: int | None = None
     age_seconds: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int | float]:
         """Return the finding as ``status --json`` prints it: the keys that apply, nothing null."""
         return {key: value for key, value in asdict(self).items() if value is not None}
 
@@ -186,7 +185,7 @@ def _overdue_jobs(now: datetime, thresholds: Thresholds) -> list[Finding]:
     scheduled = {job.name: job for job in registry if job.schedule is not None}
     findings = []
     for name, state in sorted(run_reads.job_states(list(scheduled), now).items()):
-        last_success, failures, last_outcome = state["last_success"], state["failures_in_row"], state["last_outcome"]
+        last_success, failures, last_outcome = state.last_success, state.failures_in_row, state.last_outcome
         period = scheduled[name].period
         limit = period * thresholds.overdue_periods
         if last_success is not None:

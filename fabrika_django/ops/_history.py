@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import connections, router
 from django.db.models import Max
@@ -26,6 +26,7 @@ from . import _counts
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import _SQLType
 
 HOURS = 24
 
@@ -148,7 +149,7 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
         with connection.cursor() as cursor:
             cursor.execute(*hourly_sql(connection, since, until))
             rows = cursor.fetchall()
-        hours: dict[Any, datetime] = {}  # a day read whole (before its first fold) is thousands of rows
+        hours: dict[object, datetime] = {}  # a day read whole (before its first fold) is thousands of rows
         for job, hour, outcome, bucket, count in rows:
             if hour not in hours:
                 hours[hour] = _utc_hour(hour)
@@ -164,12 +165,12 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
         yield job, hour, outcome, bucket, count
 
 
-def hourly_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[Any]]:
+def hourly_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[_SQLType]]:
     """PostgreSQL's statement of an hour's fold (``_sql.runs`` writes it; bench/overview.py explains it)."""
     return run_reads.attempt_hours_sql(connection, since, until)
 
 
-def _utc_hour(moment: Any) -> datetime:
+def _utc_hour(moment: datetime | str) -> datetime:
     if isinstance(moment, str):  # pragma: no cover  a backend that answers text
         moment = datetime.fromisoformat(moment)
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

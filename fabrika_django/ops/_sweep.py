@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import OperationalError, connections, transaction
 
@@ -42,6 +42,8 @@ from ._sweep_references import Reference, file_columns, odd_values_held, values_
 
 if TYPE_CHECKING:
     from django.core.files.storage import Storage
+
+    from ._sweep_setting import SweepConfig
 
 
 #: Candidates per deleting step: how long the referencing tables wait for writers, and the memory a batch holds.
@@ -70,12 +72,12 @@ class SweepReport:
 
 
 def sweep(
-    config: dict[str, Any],
+    config: SweepConfig,
     *,
     now: datetime | None = None,
     dry_run: bool = False,
     on_orphan: Callable[[str, str], None] | None = None,
-    transaction_for: Callable[[str], AbstractContextManager[Any]] | None = None,
+    transaction_for: Callable[[str], AbstractContextManager[object]] | None = None,
     check_abort: Callable[[], None] = lambda: None,
 ) -> SweepReport:
     """Sweep each storage of ``config``; with ``dry_run``, delete nothing and tell ``on_orphan(storage, name)``."""
@@ -103,7 +105,7 @@ def sweep(
     return report
 
 
-def _atomic(alias: str) -> AbstractContextManager[Any]:
+def _atomic(alias: str) -> AbstractContextManager[object]:
     return transaction.atomic(using=alias)
 
 
@@ -225,7 +227,7 @@ def _delete(
     swept_root: str | None,
     cutoff: float,
     report: SweepReport,
-    transaction_for: Callable[[str], AbstractContextManager[Any]],
+    transaction_for: Callable[[str], AbstractContextManager[object]],
     check_abort: Callable[[], None],
 ) -> None:
     """Re-check ``orphans`` with the referencing tables' writers stopped, then delete what is still unreferenced."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -11,6 +11,8 @@ from ._sweep import SweepReport, sweep
 from ._sweep_setting import check_setting, configured
 
 if TYPE_CHECKING:
+    from django.core.management.base import BaseCommand
+
     from ..context import JobContext
 
 
@@ -39,7 +41,7 @@ def run_in_job(ctx: JobContext) -> SweepReport | None:
 _last_reports: dict[str, SweepReport] = {}
 
 
-def command(out: Any, *, dry_run: bool, **options: Any) -> None:
+def command(out: BaseCommand, *, dry_run: bool, **options: object) -> None:
     """``fabrika_job sweep-files [--dry-run]``: a run of the built-in job, or a listing of what it would delete."""
     from django.core.management.base import CommandError
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -23,9 +23,17 @@ _KEYS = ("storages", "older_than_days")
 MAX_DAYS = 36500
 
 
-def configured() -> dict[str, Any] | None:
+class SweepConfig(TypedDict):
+    """``FABRIKA["FILE_SWEEP"]`` once ``check_setting`` found nothing wrong with it."""
+
+    storages: Sequence[str]
+    older_than_days: int
+
+
+def configured() -> SweepConfig | None:
     value = settings.FILE_SWEEP
-    return value if isinstance(value, dict) else None
+    # Its shape is what check_setting accepts: every caller checks it so before the sweep reads it.
+    return cast("SweepConfig", value) if isinstance(value, dict) else None
 
 
 def check_setting(value: object) -> list[checks.CheckMessage]:

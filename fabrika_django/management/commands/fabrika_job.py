@@ -8,12 +8,13 @@ usage error (unknown job, unknown model, bad flag), always as one line on stderr
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -33,8 +34,15 @@ from fabrika_django.ops import _report, _sweep_job
 
 from ..._runs import pending as run_pending
 
+
 # Options Django gives every command; repeated on each action so they may also follow the action's name.
-_COMMON_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+class _Option(TypedDict, total=False):
+    type: type
+    choices: list[int]
+    action: str
+
+
+_COMMON_OPTIONS: tuple[tuple[tuple[str, ...], _Option], ...] = (
     (("-v", "--verbosity"), {"type": int, "choices": [0, 1, 2, 3]}),
     (("--settings",), {}),
     (("--pythonpath",), {}),
@@ -83,7 +91,7 @@ def _job_names(text: str) -> list[str]:
 class Command(BaseCommand):
     help = "Run, schedule and inspect fabrika_django's cron jobs and queue tables."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: object) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         # Django builds a plain CommandParser; the subclass only changes how a usage error is shown
         # (the actions' parsers get it from add_subparsers(parser_class=...)).
@@ -138,7 +146,7 @@ class Command(BaseCommand):
         sweep = action("sweep-files", "Delete the files no file column references, per FABRIKA['FILE_SWEEP'], now.")
         sweep.add_argument("--dry-run", action="store_true", help="list what it would delete; delete nothing")
 
-    def handle(self, *args: Any, action: str | None, **options: Any) -> None:
+    def handle(self, *args: object, action: str | None, **options: object) -> None:
         if action is None:
             raise _usage(
                 f"Give an action: {', '.join(self._action_names)} "
@@ -152,10 +160,10 @@ class Command(BaseCommand):
 
     # -- run, worker, kick -------------------------------------------------------------------------
 
-    def _handle_run(self, *, name: str, **options: Any) -> None:
+    def _handle_run(self, *, name: str, verbosity: int = 1, **options: object) -> None:
         job = registry.get(name)
         stop = threading.Event()
-        quiet = options.get("verbosity", 1) < 1
+        quiet = verbosity < 1
         bound_idle_transactions()
         # SIGTERM (cron's or a supervisor's stop) ends the run as the worker's does; Ctrl-C stays an interrupt.
         with stop_signals(stop.set, signals=(signal.SIGTERM,)), _fabrika_logs_warnings_only(quiet):
@@ -164,7 +172,7 @@ class Command(BaseCommand):
             run_pending.take_kicks([registered.name for registered in registry])
             result = runner.run(job, "manual", stop=stop)
         plural = "" if result.attempts == 1 else "s"
-        if result.ok and options.get("verbosity", 1) < 1:
+        if result.ok and verbosity < 1:
             return  # -v 0: silent unless it failed, so cron mails only failures
         if result.outcome == "coalesced":
             self.stdout.write(f"Job {job.name} is running elsewhere: marked pending, it runs once more after.")
@@ -186,7 +194,8 @@ class Command(BaseCommand):
         only: list[str] | None,
         metrics_port: int | None,
         metrics_addr: str | None,
-        **options: Any,
+        verbosity: int = 1,
+        **options: object,
     ) -> None:
         for name in only or ():
             registry.get(name)
@@ -194,25 +203,23 @@ class Command(BaseCommand):
             raise _usage("--metrics-addr needs --metrics-port: give the port the metrics are served on.")
         if metrics_port is not None:
             _serve_metrics(metrics_port, metrics_addr or "127.0.0.1")
-        kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
-        if concurrency is not None:
-            kwargs["concurrency"] = concurrency
-        worker.Worker(**kwargs).run()
+        made = functools.partial(worker.Worker, only=only, stdout=self.stdout, verbosity=verbosity)
+        (made() if concurrency is None else made(concurrency=concurrency)).run()  # None: the worker's default
 
-    def _handle_kick(self, *, name: str, **options: Any) -> None:
+    def _handle_kick(self, *, name: str, **options: object) -> None:
         job = registry.get(name)
         kicks.kick(job.name)
         self.stdout.write(f"Kicked {job.name}: a running worker starts it within seconds.")
 
     # -- crontab, list, status ---------------------------------------------------------------------
 
-    def _handle_crontab(self, *, manage_py: str | None, **options: Any) -> None:
+    def _handle_crontab(self, *, manage_py: str | None, **options: object) -> None:
         self._write(_show.crontab_lines(_show.manage_py(manage_py)))
 
-    def _handle_list(self, **options: Any) -> None:
+    def _handle_list(self, **options: object) -> None:
         self._write(_show.job_lines(timezone.now()))
 
-    def _handle_status(self, *, json: bool, **options: Any) -> None:
+    def _handle_status(self, *, json: bool, **options: object) -> None:
         self._write(_show.status_lines(_report.status(timezone.now()), as_json=json))
 
     def _write(self, lines: Iterable[str]) -> None:
@@ -221,7 +228,7 @@ class Command(BaseCommand):
 
     # -- requeue -----------------------------------------------------------------------------------
 
-    def _handle_requeue(self, *, model: str, dead: bool, ids: list[str] | None, **options: Any) -> None:
+    def _handle_requeue(self, *, model: str, dead: bool, ids: list[str] | None, **options: object) -> None:
         queue_model = _queue_model(model)
         if not dead and not ids:
             raise _usage("Say which rows to requeue: --dead, --id ID ..., or both (the dead rows among those ids).")
@@ -258,8 +265,8 @@ class Command(BaseCommand):
                 returncode=1,
             )
 
-    def _handle_sweep_files(self, **options: Any) -> None:
-        _sweep_job.command(self, **options)
+    def _handle_sweep_files(self, *, dry_run: bool, **options: object) -> None:
+        _sweep_job.command(self, dry_run=dry_run, **options)
 
 
 def _serve_metrics(port: int, addr: str) -> None:
@@ -291,7 +298,7 @@ def _queue_model(name: str) -> type[QueueModel]:
     raise _usage(f"Model {model._meta.label} is not a queue model: give a model that mixes in QueueModel ({choose}).")
 
 
-def _to_pk(model: Any, value: str) -> Any:
+def _to_pk(model: type[QueueModel], value: str) -> object:
     try:
         pk = model._meta.pk.to_python(value)
         model._meta.pk.run_validators(pk)  # the database's integer range: SQLite overflows past 64 bits
