@@ -197,7 +197,11 @@ class Command(BaseCommand):
         kwargs: dict[str, Any] = {"only": only, "stdout": self.stdout, "verbosity": options.get("verbosity", 1)}
         if concurrency is not None:
             kwargs["concurrency"] = concurrency
-        worker.Worker(**kwargs).run()
+        try:
+            worker.Worker(**kwargs).run()
+        finally:
+            # A worker run inside a longer process (call_command) frees its port and threads when it ends.
+            _metrics.stop()
 
     def _handle_kick(self, *, name: str, **options: Any) -> None:
         job = registry.get(name)
