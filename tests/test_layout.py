@@ -349,3 +349,23 @@ def test_the_layout_checks_find_what_they_look_for():
     }
     assert _CONTEXT_PRIVATE.search("ctx._fence.check()") and _CONTEXT_PRIVATE.search("run.context._demand")
     assert not _CONTEXT_PRIVATE.search("ctx.signal.throw_if_aborted()")
+
+
+#: A citation of a document that is not in the repository: the design notes' sections, the issue tracker.
+_OUTSIDE_DOCUMENT = re.compile(r"\bDESIGN(\.md)?\s*§|\bDESIGN\.md\b|\bSTYLE\.md\b|\bissue #?\d+\b", re.I)
+
+
+def test_no_code_cites_a_document_outside_the_repository():
+    """Comments and docstrings say the rule itself, not "DESIGN §N" or "issue N", which a reader cannot open."""
+    root = PACKAGE.parent
+    offenders = []
+    for folder in ("fabrika_django", "tests", "testproject", "bench", "tests_upstream", "bin"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in {".py", ""} or not path.is_file() or path == Path(__file__):
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if _OUTSIDE_DOCUMENT.search(line):
+                    offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(["citations of documents outside the repository:", *offenders])
+    assert _OUTSIDE_DOCUMENT.search("Lanes (DESIGN §11)") and _OUTSIDE_DOCUMENT.search("Targets (issue 14)")
+    assert not _OUTSIDE_DOCUMENT.search("the design of the fence") and not _OUTSIDE_DOCUMENT.search("tissue 3")
