@@ -369,3 +369,49 @@ def test_no_code_cites_a_document_outside_the_repository():
     assert not offenders, "\n".join(["citations of documents outside the repository:", *offenders])
     assert _OUTSIDE_DOCUMENT.search("Lanes (DESIGN §11)") and _OUTSIDE_DOCUMENT.search("Targets (issue 14)")
     assert not _OUTSIDE_DOCUMENT.search("the design of the fence") and not _OUTSIDE_DOCUMENT.search("tissue 3")
+
+
+#: Where an outcome's code may be written as a string: its home (``models.Outcome``) and the error codes the
+#: outcomes are made of, which sit below the models (the errors, mail's and ``ctx.fetch``'s codes, the abort
+#: signal's reasons), and the test kit, imported before Django's apps are ready.
+_OUTCOME_LITERALS_ALLOWED = ("models/_tables.py", "exceptions.py", "mail/", "egress.py", "_signal.py", "testing.py")
+
+
+def _outcome_literals(relative: str, source: str, codes: set[str]) -> list[str]:
+    """String constants equal to an outcome's code where code reads them as one: compared, returned, passed,
+    or as a key or member of a dict, set, tuple or list (a label, a dict's value, a docstring is no outcome)."""
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        places: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            places = [node.left, *node.comparators]
+        elif isinstance(node, ast.Return) and node.value is not None:
+            places = [node.value]
+        elif isinstance(node, ast.Call):
+            places = [*node.args, *(keyword.value for keyword in node.keywords)]
+        elif isinstance(node, ast.Dict):
+            places = [key for key in node.keys if key is not None]
+        for place in places:
+            members = place.elts if isinstance(place, ast.Tuple | ast.Set | ast.List) else [place]
+            for member in members:
+                if isinstance(member, ast.Constant) and member.value in codes:
+                    found.append(f"{relative}:{member.lineno}: {member.value!r}")
+    return found
+
+
+def test_outcomes_are_written_as_the_outcome_choices_not_as_strings():
+    from fabrika_django.models import Outcome
+
+    # "running" is also a column's and a task status's word.
+    codes = set(Outcome.values) - {Outcome.RUNNING}
+    offenders = [
+        hit
+        for relative, source in _modules()
+        if not relative.startswith(_OUTCOME_LITERALS_ALLOWED)
+        for hit in _outcome_literals(relative, source, codes)
+    ]
+    assert not offenders, "\n".join(["outcome codes written as strings (use models.Outcome):", *offenders])
+    sample = 'def f(o):\n    """succeeded"""\n    x = {"a": "succeeded"}\n    return o in ("succeeded", "b")\n'
+    assert _outcome_literals("x.py", sample, {"succeeded"}) == ["x.py:4: 'succeeded'"]
+    assert _outcome_literals("x.py", 'abort("lease_lost")\n', {"lease_lost"}) == ["x.py:1: 'lease_lost'"]

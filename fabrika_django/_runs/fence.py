@@ -69,7 +69,7 @@ class LeaseFence:
         else:
             held = self._hold_with_cursor(connection)
         if not held:
-            self.signal.abort("lease_lost")
+            self.signal.abort(LeaseLost.code)
             raise LeaseLost(
                 "The attempt's lease was taken over by another attempt: this transaction may not begin; "
                 "the next run picks up."

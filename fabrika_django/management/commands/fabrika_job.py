@@ -28,7 +28,7 @@ from fabrika_django.exceptions import UnknownJob
 from fabrika_django.jobs import registry
 from fabrika_django.management import _show
 from fabrika_django.management._show import usage as _usage
-from fabrika_django.models import QueueModel
+from fabrika_django.models import QueueModel, Trigger
 from fabrika_django.ops import _report, _sweep_job
 
 from ..._runs import pending as run_pending
@@ -162,7 +162,7 @@ class Command(BaseCommand):
             # Hosts that run jobs from cron have no worker to take kick rows: every run takes them all (into
             # the jobs' pending flags, which this run and the next ones serve), so they never pile up.
             run_pending.take_kicks([registered.name for registered in registry])
-            result = runner.run(job, "manual", stop=stop)
+            result = runner.run(job, Trigger.MANUAL, stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and options.get("verbosity", 1) < 1:
             return  # -v 0: silent unless it failed, so cron mails only failures
