@@ -23,8 +23,8 @@ from ..models import Overview
 from ..ops import _health
 from ..ops._counts import QueueCounts, count_queue, queue_models
 from ..ops._report import job_states
+from ._display import relative
 from ._pictures import job_pictures, queue_pictures
-from ._queues import _relative
 
 #: Done rows are counted up to this many: past it the page says "10000+" instead of reading the whole table.
 DONE_COUNT_CAP = 10_000
@@ -71,7 +71,7 @@ def _queue_rows(
                 "cells": cells,
                 "oldest_due": counts.oldest_due,
                 "oldest_age": now - counts.oldest_due if counts.oldest_due else None,
-                "oldest_words": _relative(counts.oldest_due, now) if counts.oldest_due else None,
+                "oldest_words": relative(counts.oldest_due, now) if counts.oldest_due else None,
                 "dead": counts.dead,
                 "picture": pictures[model._meta.label],
             }
@@ -99,7 +99,7 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[dict
                 "last_finished": state["last_finished"],
                 "last_success": state["last_success"],
                 "failures_in_row": state["failures_in_row"],
-                "last_success_words": _relative(state["last_success"], now) if state["last_success"] else None,
+                "last_success_words": relative(state["last_success"], now) if state["last_success"] else None,
                 "picture": pictures[state["name"]],
             }
         )

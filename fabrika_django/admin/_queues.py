@@ -17,15 +17,13 @@ from django.utils.translation import ngettext
 
 from .._queuestate import STATES, row_state_at, state_q
 from .._requeue import RunningTasks, requeue_rows
-from ._display import moment, relative
+from ._display import moment
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
     from django.urls import URLPattern
 
     from ..models import QueueModel
-
-_relative = relative  # the name the jobs page and the overview import
 
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
 _READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")
