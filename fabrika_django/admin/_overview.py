@@ -9,6 +9,7 @@ from typing import Any
 import django
 from django.contrib import admin
 from django.contrib.admin import AdminSite
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import quote
 from django.db import models
 from django.http import HttpRequest, HttpResponse
@@ -31,8 +32,11 @@ DONE_COUNT_CAP = 10_000
 
 
 def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]) -> str | None:
-    model_admin = site._registry.get(model)
-    if model_admin is None or not model_admin.has_view_or_change_permission(request):
+    try:
+        model_admin = site.get_model_admin(model)
+    except NotRegistered:
+        return None
+    if not model_admin.has_view_or_change_permission(request):
         return None
     opts = model._meta
     try:
