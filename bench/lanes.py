@@ -1,13 +1,13 @@
 """Lanes on real workers and PostgreSQL: ``python -m bench.lanes`` (about 3 minutes; not part of the suite).
 
-I/O-bound work in lanes (DESIGN §11): the lab job ``lab_lanes`` claims ``lab.Item`` rows (``--claim`` a batch) and
-for each waits ``--item-ms`` (20 ms: a time.sleep, the wait of a call to a mail provider or an HTTP API, which
-uses no CPU), then finishes the row in one fenced transaction: the issue's handler. ``--effects`` also makes one
-``lab.Effect`` (unique on the row) in that transaction, as the bench did before (an INSERT of the bench's own).
-A drain of ``--rows`` rows (4,000) runs in each configuration of ``--configs``: ``LANESxWORKERS``, each worker
-with ``--concurrency LANES/WORKERS``. It prints rows/s from the kick to the end of the last attempt (the drain's
-runs recorded in the attempt history), and its share of the ideal, ``lanes x 1000 / item-ms`` rows/s (50 rows/s a
-lane at 20 ms). Target: at least 75 % up to 16 lanes.
+I/O-bound work in lanes (``@cron(lanes=N)``): the lab job ``lab_lanes`` claims ``lab.Item`` rows (``--claim`` a
+batch) and for each waits ``--item-ms`` (20 ms: a time.sleep, the wait of a call to a mail provider or an HTTP API,
+which uses no CPU), then finishes the row in one fenced transaction: the handler of a mail or API job. ``--effects``
+also makes one ``lab.Effect`` (unique on the row) in that transaction, as the bench did before (an INSERT of the
+bench's own). A drain of ``--rows`` rows (4,000) runs in each configuration of ``--configs``: ``LANESxWORKERS``,
+each worker with ``--concurrency LANES/WORKERS``. It prints rows/s from the kick to the end of the last attempt (the
+drain's runs recorded in the attempt history), and its share of the ideal, ``lanes x 1000 / item-ms`` rows/s (50
+rows/s a lane at 20 ms). Target: at least 75 % up to 16 lanes.
 
 ``--drain N`` runs instead one drain of N rows (1,000,000) in 8 lanes on one worker without the wait, and prints
 the worker's resident memory (VmRSS) when ``--rss-at`` rows (100,000) are done and at the end. Target: growth

@@ -40,6 +40,7 @@ from .context import JobContext
 from .exceptions import FabrikaError
 from .guards import write_guard
 from .jobs import CronJob
+from .models import Outcome
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -126,7 +127,7 @@ def _watch(
     next_renewal = time.monotonic() + renew_every
     while not task.done.wait(max(0.0, min(next_renewal - time.monotonic(), signal.remaining(), 0.25))):
         if stop is not None and stop.is_set():
-            signal.abort("shutdown")
+            signal.abort(Outcome.SHUTDOWN)
         if signal.aborted:
             break
         if fence.ran_out() and signal.remaining() > LEASE_MARGIN_SECONDS:
@@ -134,13 +135,13 @@ def _watch(
             # another's meanwhile, and the fence refuses every commit from here on. A late renewal that still
             # found the token would let the attempt go on as if it had never stopped. (The last grant before the
             # deadline runs out a margin before it: that attempt ends timed_out, below.)
-            signal.abort("lease_lost")
+            signal.abort(Outcome.LEASE_LOST)
             break
         if time.monotonic() >= next_renewal:
             sent = time.monotonic()
             seconds = min(lease_seconds, max(signal.remaining(), 0.001))
             if not renew(seconds):
-                signal.abort("lease_lost")
+                signal.abort(Outcome.LEASE_LOST)
                 break
             fence.valid_until = valid_until(sent, seconds)
             next_renewal = sent + renew_every
@@ -173,10 +174,10 @@ def _cut_off(job: CronJob, handler_connections: list[BaseDatabaseWrapper]) -> No
 
 def _outcome(signal: AbortSignal, box: _Box) -> str:
     if box.returned and not box.aborted_before_return:
-        return "succeeded"
+        return Outcome.SUCCEEDED
     if signal.aborted and signal.reason:
         return signal.reason
     exc = box.exception
     if isinstance(exc, FabrikaError):
         return exc.code
-    return "handler_failed"
+    return Outcome.HANDLER_FAILED

@@ -111,8 +111,8 @@ def serve(port: int, addr: str = "127.0.0.1") -> None:
     logger.info("Metrics served addr=%s port=%d", addr, port)
 
 
-def reset() -> None:
-    """Turn the instruments off and stop serving them (tests)."""
+def stop() -> None:
+    """Turn the instruments off and stop serving them: the worker's end (``fabrika_job worker``)."""
     global _instruments, _server
     _instruments = None
     if _server is not None:

@@ -34,9 +34,6 @@ from urllib.parse import urlencode, urlsplit
 from ._signal import AbortSignal
 from .exceptions import EgressRefused, FabrikaError, FetchError
 
-#: Tests point this at an SSL context that trusts their own certificate; None uses the system's trust store.
-_ssl_context: ssl.SSLContext | None = None
-
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 _CHUNK = 256 * 1024
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 section 5.6.2
@@ -255,7 +252,8 @@ class _WatchedHTTPSConnection(http.client.HTTPSConnection):
 
 class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
     def __init__(self, deadline: _Deadline) -> None:
-        self._tls = _ssl_context or ssl.create_default_context()
+        # The system's trust store, or the one SSL_CERT_FILE / SSL_CERT_DIR name (OpenSSL reads them each time).
+        self._tls = ssl.create_default_context()
         super().__init__(context=self._tls)
         self._deadline = deadline
 

@@ -1,7 +1,7 @@
 """kick(): ask for a run of a job once the current transaction commits.
 
 A kick rides in the caller's transaction: one ``KickRequest`` row inserted there (on PostgreSQL in the same
-statement as a ``NOTIFY`` on :data:`CHANNEL`, which the commit delivers and a rollback drops). So an enqueue
+statement as a ``NOTIFY`` on ``_channel.CHANNEL``, which the commit delivers and a rollback drops). So an enqueue
 costs its caller one commit, not two, and a rollback kicks nothing.
 
 Why a row of its own, and not the job's pending flag set in the transaction: the flag is one row per job,
@@ -23,14 +23,10 @@ import logging
 
 from django.db import DatabaseError, connections, router
 
-from . import _channel
 from ._running import framework_write
 from ._runs.kickmarks import kicked_in_transaction, note_kick
 
 logger = logging.getLogger(__name__)
-
-#: The LISTEN/NOTIFY channel; versioned so workers of another release never misread a payload.
-CHANNEL = _channel.CHANNEL
 
 
 def kick(name: str, *, using: str | None = None) -> None:

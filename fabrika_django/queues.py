@@ -89,6 +89,10 @@ class QueueQuerySet(models.QuerySet[_M]):
         the ORM) is given up alone: dead at once, ``last_failure`` ``row_undecodable``. Runs only inside a job
         run, never inside ``ctx.transaction()``.
         """
+        return self._claim(limit, where, whole_table=False)
+
+    def _claim(self, limit: int, where: Q | None, *, whole_table: bool) -> list[_M]:
+        """``claim()``; ``whole_table``: the queryset is its manager's own, untouched (``QueueManager.claim``)."""
         run = _refuse_bad_claim(limit, where)
         using = self.db if self._db_given() else router.db_for_write(self.model)  # a claim always writes
         if run.opened_atomic(using):
@@ -96,11 +100,13 @@ class QueueQuerySet(models.QuerySet[_M]):
                 "claim() runs in a short transaction of its own and cannot run inside transaction.atomic(): "
                 "its row locks would last as long as that block; claim outside it."
             )
-        return run_claim.claim(self._claimable(), using, run, where, limit)
+        return run_claim.claim(self._claimable(whole_table), using, run, where, limit)
 
-    def _claimable(self) -> run_claim.Claimable:
-        """What claim() hands the pipeline: these rows, their claim order, how to read them and give them up."""
-        return run_claim.Claimable(self, self._claim_order, self._claim_query, _is_plain(self), self._give_up)
+    def _claimable(self, whole_table: bool) -> run_claim.Claimable:
+        """What claim() hands the pipeline: these rows, their claim order, how to read them and give them up;
+        ``whole_table``: the queryset is its manager's own, untouched (``QueueManager.claim``)."""
+        plain = whole_table and _is_plain(self)
+        return run_claim.Claimable(self, self._claim_order, self._claim_query, plain, self._give_up)
 
     def _claim_query(self, using: str, now: datetime, where: Q | None) -> QueueQuerySet[_M]:
         """The claim's rows, in claim order, unlocked and unlimited."""
@@ -158,6 +164,16 @@ class QueueQuerySet(models.QuerySet[_M]):
 class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
     """The manager of a queue table; a model's own manager must derive from it."""
 
+    def claim(self, limit: int = 50, where: Q | None = None) -> list[Any]:
+        """Lease up to ``limit`` of the table's due rows (``QueueQuerySet.claim``)."""
+        # Only here is the queryset known to be the whole table, untouched, so that its read may be compiled
+        # once: a queryset's own claim() (after filter(), all(), using()...) cannot tell, as Django has no public
+        # way to ask whether a queryset was changed. A manager that narrows get_queryset() (a related manager
+        # among them) is not the whole table either.
+        whole_table = type(self).get_queryset is models.Manager.get_queryset
+        rows: QueueQuerySet[Any] = self.get_queryset()
+        return rows._claim(limit, where, whole_table=whole_table)
+
 
 def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CLAIM:
@@ -203,42 +219,11 @@ def _refuse_bad_batch(model: type[models.Model], batch: Sequence[object]) -> Non
         seen.add(row.pk)
 
 
-# A manager's own queryset of each model, to tell a claim's queryset from one with filters or other changes.
-_PLAIN_QUERIES: dict[type[models.Model], Any] = cache_dict()
-
-
 def _is_plain(rows: QueueQuerySet[Any]) -> bool:
-    """Whether ``rows`` is its model's whole table as a plain manager gives it, reading model instances.
-
-    Its query must be a fresh ``Query`` of the model, attribute for attribute (a filter, an exclusion, an
-    annotation, an ordering, ``defer``, ``select_related``, ``distinct`` or ``extra`` each set one), and the
-    claim must not be overridden in the state filter it reads through (``due_now``).
-    """
-    if type(rows).due_now is not QueueQuerySet.due_now or type(rows)._claim_query is not QueueQuerySet._claim_query:
-        return False
-    return _unchanged_since_the_manager(rows)
-
-
-def _unchanged_since_the_manager(rows: QueueQuerySet[Any]) -> bool:
-    """Whether the queryset is exactly its model's manager's own: no filter, ordering, annotation or other change.
-
-    The one use of Django's internals in the claim. Django has no public way to ask whether a queryset was
-    changed, so this compares the queryset's private state and its ``Query``'s attributes with a fresh one's.
-    A Django release that changes them would make every claim take the compiled-each-time path (or, worse,
-    cache a changed one): tests/test_django_seams.py fails then, on each Django the suite runs (5.2 and 6.x).
-    """
-    state: Any = rows  # QuerySet's private attributes, which the stubs leave out
-    if (
-        state._iterable_class is not models.query.ModelIterable
-        or state._fields
-        or state._prefetch_related_lookups
-        or state._deferred_filter is not None
-    ):
-        return False
-    model = rows.model
-    if model not in _PLAIN_QUERIES:
-        _PLAIN_QUERIES[model] = models.sql.Query(model)
-    return bool(rows.query.__dict__ == _PLAIN_QUERIES[model].__dict__)
+    """Whether ``rows``, a manager's own queryset (``QueueManager.claim``), reads the claim's rows as
+    ``QueueQuerySet`` declares it (``due_now`` and ``_claim_query`` not overridden): then its read compiled once
+    is the one it would compile each time."""
+    return type(rows).due_now is QueueQuerySet.due_now and type(rows)._claim_query is QueueQuerySet._claim_query
 
 
 def _update_row(model: type[models.Model], using: str, pk: Any, version: int, values: dict[str, Any]) -> bool:

@@ -8,7 +8,6 @@ within milliseconds on a listening worker. Each (backend alias, queue) is served
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import socket
@@ -128,9 +127,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     def _register_jobs(self) -> None:
         """Register (again, after a settings change) the built-in job of each of this backend's queues."""
-        options: _JobOptions = {"timeout": min(2 * self.timeout, MAX_TIMEOUT)}
-        if "lanes" in inspect.signature(cron).parameters:  # lanes arrive with issue 11
-            options["lanes"] = self.lanes
+        options: _JobOptions = {"timeout": min(2 * self.timeout, MAX_TIMEOUT), "lanes": self.lanes}
         for queue in sorted(self.queues):
             name = task_job_name(self.alias, queue)
             rate_limit = self.rate_limits.get(queue)

@@ -94,7 +94,7 @@ def run_job(name: str, *, mail: str = "locmem", now: datetime | None = None) -> 
     else:
         clock = timezone.now
     with _commit_hooks_of_the_run():
-        result = runner.run(name, "manual", clock=clock, mail_mode=mail, pause=_no_pause)
+        result = runner.run(name, clock=clock, mail_mode=mail, pause=_no_pause)
     return JobResult(job=result.job, outcome=result.outcome, attempts=result.attempts, run_id=result.run_id)
 
 
@@ -124,7 +124,7 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[TaskResu
     name = task_job_name(backend, queue)
     started = timezone.now()
     with _commit_hooks_of_the_run():
-        runner.run(name, "manual", clock=timezone.now, pause=_no_pause)
+        runner.run(name, clock=timezone.now, pause=_no_pause)
     taken = QueuedTask.objects.filter(
         Q(last_attempted_at__gte=started) | Q(finished_at__gte=started), backend=backend, queue_name=queue
     )

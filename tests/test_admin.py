@@ -737,6 +737,22 @@ def test_overview_shows_a_staff_user_links_only_to_lists_they_may_see(viewer):
     assert _queue(response, "outbox.OutboxMail")["url"] is None
 
 
+def test_overview_links_no_list_of_a_queue_model_the_admin_site_does_not_register(admin_client):
+    from django.contrib import admin as django_admin
+
+    from testproject.reminders.models import Reminder
+
+    model_admin = django_admin.site.get_model_admin(Reminder)
+    django_admin.site.unregister(Reminder)
+    try:
+        response = admin_client.get(OVERVIEW)
+    finally:
+        django_admin.site.register(Reminder, type(model_admin))
+    assert response.status_code == 200
+    assert _queue(response, "reminders.Reminder")["url"] is None
+    assert _queue(response, "outbox.OutboxMail")["url"] is not None
+
+
 def test_overview_links_zero_counts_too(admin_client):
     html = admin_client.get(OVERVIEW).content.decode()
     assert f'<a href="{REMINDERS}?state=dead" class="fabrika-zero" data-state="dead">0</a>' in html

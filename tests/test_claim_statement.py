@@ -14,7 +14,8 @@ from django.db import connection
 from django.db.models import F, Q
 from django.test.utils import CaptureQueriesContext
 
-from fabrika_django import kicks, runner
+from fabrika_django import runner
+from fabrika_django._channel import CHANNEL
 from fabrika_django._running import ActiveRun, AttemptState, LaneDemand, running
 from fabrika_django.jobs import registry
 from fabrika_django.models import Job, Lease
@@ -47,7 +48,7 @@ def _kicks_until_marker(listener):
     """The kicks heard before a marker this sends now: NOTIFYs of earlier commits come before it, in commit order."""
     marker = f"marker-{uuid.uuid4()}"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [kicks.CHANNEL, marker])
+        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, marker])
     heard = []
     for note in listener.notifies(timeout=10):
         if note.payload == marker:
@@ -65,7 +66,7 @@ def test_a_full_claim_asks_for_a_lane_and_wakes_the_workers_in_its_one_statement
     pks = _due_items(7)
     demand = LaneDemand(LANES_JOB, 8)
     with psycopg.connect(processes.test_database_url(), autocommit=True) as listener:
-        listener.execute(f"LISTEN {kicks.CHANNEL}")
+        listener.execute(f"LISTEN {CHANNEL}")
         with _lanes_run(demand), CaptureQueriesContext(connection) as queries:
             claimed = Item.objects.claim(limit=2)
         assert [row.pk for row in claimed] == pks[:2]

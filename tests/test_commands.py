@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -206,6 +207,18 @@ def test_worker_hands_concurrency_and_only_to_the_worker_and_runs_it(fake_worker
         {"concurrency": 3, "only": ["mark_overdue", "send_reminders"], "verbosity": 1, "ran": True},
         {"only": None, "verbosity": 1, "ran": True},
     ]
+
+
+def test_the_worker_stops_serving_its_metrics_when_it_ends(fake_worker):
+    """In-process (call_command) the metrics' port is free again once the worker returns."""
+    pytest.importorskip("prometheus_client")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert fabrika_job("worker", "--metrics-port", str(port))[0] == 0
+    assert fake_worker[-1]["ran"] is True
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # nothing listens there any more
 
 
 def test_worker_gets_the_verbosity(fake_worker):

@@ -16,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fabrika_django import egress
 from fabrika_django.exceptions import CapabilityRefused, EgressRefused, FetchError, WorkerStopping
 from fabrika_django.testing import run_job
 
@@ -86,7 +85,7 @@ def server(certificate, monkeypatch):
     httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     httpd.seen, httpd.release = [], threading.Event()
     httpd.origin = f"https://127.0.0.1:{httpd.server_address[1]}"
-    monkeypatch.setattr(egress, "_ssl_context", ssl.create_default_context(cafile=str(cert)))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the trust store ctx.fetch then uses, as a project's would
     for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -124,6 +123,16 @@ def test_a_declared_origin_answers_with_status_headers_and_body(server):
 def test_an_error_status_is_an_answer_not_an_exception(server):
     result, [answer] = fetching([("GET", server.origin + "/gone", {})], egress=[server.origin])
     assert (result.outcome, answer.status, answer.body) == ("succeeded", 404, b"no such page")
+
+
+def test_a_certificate_outside_the_trust_store_is_refused(server, monkeypatch, tmp_path):
+    """The server's certificate is trusted only through SSL_CERT_FILE: another store makes the fetch fail."""
+    other = tmp_path / "empty.pem"
+    other.write_text("")
+    monkeypatch.setenv("SSL_CERT_FILE", str(other))
+    result, [error] = fetching([("GET", server.origin + "/echo", {})], egress=[server.origin])
+    assert result.outcome == "fetch_failed"
+    assert isinstance(error, FetchError) and error.reason == "SSLCertVerificationError"
 
 
 def test_an_undeclared_origin_is_refused_and_fails_the_attempt_as_egress_refused(server):

@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fabrika_django import egress
 from fabrika_django.exceptions import FetchError
 
 from .test_egress import certificate, fetching  # noqa: F401 - the certificate fixture
@@ -75,7 +74,7 @@ def server(certificate, monkeypatch):  # noqa: F811 - the fixture imported above
     httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     httpd.stop = threading.Event()
     httpd.origin = f"https://127.0.0.1:{httpd.server_address[1]}"
-    monkeypatch.setattr(egress, "_ssl_context", ssl.create_default_context(cafile=str(cert)))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the trust store ctx.fetch then uses, as a project's would
     for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -8,7 +8,8 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from fabrika_django import kick, kicks
+from fabrika_django import kick
+from fabrika_django._channel import CHANNEL
 from fabrika_django.models import Attempt, KickRequest, QueuedTask
 from testproject.lab import tasks
 from testproject.lab.models import Item
@@ -87,7 +88,7 @@ def test_a_worker_killed_between_the_notification_and_the_start_loses_no_kick(tm
         kick("lab_slow")
         wait_until(lambda: Attempt.objects.filter(job="lab_slow").exists(), workers=[first], what="the busy run")
         with psycopg.connect(processes.test_database_url(), autocommit=True) as listener:
-            listener.execute(f"LISTEN {kicks.CHANNEL}")
+            listener.execute(f"LISTEN {CHANNEL}")
             with transaction.atomic():
                 item = Item.objects.create()
                 kick("lab_items")

@@ -11,7 +11,8 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from fabrika_django import UnknownJob, kick, kicks
+from fabrika_django import UnknownJob, kick
+from fabrika_django._channel import CHANNEL
 from fabrika_django._runs import lease as run_lease
 from fabrika_django._runs import pending as run_pending
 from fabrika_django._runs import reads as run_reads
@@ -226,7 +227,7 @@ def test_concurrent_kicks_of_one_job_never_wait_for_each_other(lab_slow_row):
 def _notifications(listener, timeout):
     names = []
     while select.select([listener.fileno()], [], [], timeout)[0]:
-        names += [note.payload for note in listener.notifies(timeout=0.01) if note.channel == kicks.CHANNEL]
+        names += [note.payload for note in listener.notifies(timeout=0.01) if note.channel == CHANNEL]
         timeout = 0.2
     return names
 
@@ -234,7 +235,7 @@ def _notifications(listener, timeout):
 @pytest.mark.listen_notify
 def test_a_kick_notifies_listeners_at_its_commit_once_per_transaction_and_a_rollback_notifies_nobody(lab_slow_row):
     with psycopg.connect(processes.test_database_url(), autocommit=True) as listener:
-        listener.execute(f"LISTEN {kicks.CHANNEL}")
+        listener.execute(f"LISTEN {CHANNEL}")
         with transaction.atomic():
             for _ in range(3):
                 kick("lab_slow")

@@ -1,4 +1,4 @@
-"""Lanes (DESIGN §11): up to ``lanes`` runs of one job at once, each with a lease, fence and history of its own.
+"""Lanes (``@cron(lanes=N)``): up to ``lanes`` runs of one job at once, each with a lease, fence and history of its own.
 
 The rules of starting and ending are tested on every backend through ``fabrika_django._runs``; the multi-process parts
 (real worker processes draining a table in several lanes, SIGKILL, SIGTERM, a cut connection, a takeover) need

@@ -360,3 +360,105 @@ def test_the_layout_checks_find_what_they_look_for():
     }
     assert _CONTEXT_PRIVATE.search("ctx._fence.check()") and _CONTEXT_PRIVATE.search("run.context._demand")
     assert not _CONTEXT_PRIVATE.search("ctx.signal.throw_if_aborted()")
+
+
+#: A citation of a document that is not in the repository: the design notes' sections, the issue tracker.
+_OUTSIDE_DOCUMENT = re.compile(r"\bDESIGN(\.md)?\s*§|\bDESIGN\.md\b|\bSTYLE\.md\b|\bissue #?\d+\b", re.I)
+
+
+def test_no_code_cites_a_document_outside_the_repository():
+    """Comments and docstrings say the rule itself, not "DESIGN §N" or "issue N", which a reader cannot open."""
+    root = PACKAGE.parent
+    offenders = []
+    for folder in ("fabrika_django", "tests", "testproject", "bench", "tests_upstream", "bin"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in {".py", ""} or not path.is_file() or path == Path(__file__):
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if _OUTSIDE_DOCUMENT.search(line):
+                    offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(["citations of documents outside the repository:", *offenders])
+    assert _OUTSIDE_DOCUMENT.search("Lanes (DESIGN §11)") and _OUTSIDE_DOCUMENT.search("Targets (issue 14)")
+    assert not _OUTSIDE_DOCUMENT.search("the design of the fence") and not _OUTSIDE_DOCUMENT.search("tissue 3")
+
+
+#: Where an outcome's code may be written as a string: its home (``models.Outcome``) and the error codes the
+#: outcomes are made of, which sit below the models (the errors, mail's and ``ctx.fetch``'s codes, the abort
+#: signal's reasons), and the test kit, imported before Django's apps are ready.
+_OUTCOME_LITERALS_ALLOWED = ("models/_tables.py", "exceptions.py", "mail/", "egress.py", "_signal.py", "testing.py")
+
+
+def _outcome_literals(relative: str, source: str, codes: set[str]) -> list[str]:
+    """String constants equal to an outcome's code where code reads them as one: compared, returned, passed,
+    or as a key or member of a dict, set, tuple or list (a label, a dict's value, a docstring is no outcome)."""
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        places: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            places = [node.left, *node.comparators]
+        elif isinstance(node, ast.Return) and node.value is not None:
+            places = [node.value]
+        elif isinstance(node, ast.Call):
+            places = [*node.args, *(keyword.value for keyword in node.keywords)]
+        elif isinstance(node, ast.Dict):
+            places = [key for key in node.keys if key is not None]
+        for place in places:
+            members = place.elts if isinstance(place, ast.Tuple | ast.Set | ast.List) else [place]
+            for member in members:
+                if isinstance(member, ast.Constant) and member.value in codes:
+                    found.append(f"{relative}:{member.lineno}: {member.value!r}")
+    return found
+
+
+def test_outcomes_are_written_as_the_outcome_choices_not_as_strings():
+    from fabrika_django.models import Outcome
+
+    # "running" is also a column's and a task status's word.
+    codes = set(Outcome.values) - {Outcome.RUNNING}
+    offenders = [
+        hit
+        for relative, source in _modules()
+        if not relative.startswith(_OUTCOME_LITERALS_ALLOWED)
+        for hit in _outcome_literals(relative, source, codes)
+    ]
+    assert not offenders, "\n".join(["outcome codes written as strings (use models.Outcome):", *offenders])
+    sample = 'def f(o):\n    """succeeded"""\n    x = {"a": "succeeded"}\n    return o in ("succeeded", "b")\n'
+    assert _outcome_literals("x.py", sample, {"succeeded"}) == ["x.py:4: 'succeeded'"]
+    assert _outcome_literals("x.py", 'abort("lease_lost")\n', {"lease_lost"}) == ["x.py:1: 'lease_lost'"]
+
+
+#: Private names a module still imports from another, each with why; a new one fails the test below.
+_PRIVATE_IMPORTS_KNOWN = {
+    # The migrations name the outcome field's choices by this function, through the package.
+    "models/__init__.py": {"_outcome_choices"},
+    # The queue model's row writes and clock live with the manager's (queues.py), to be given a home of their own.
+    "models/_queue.py": {"_now", "_refuse_own_fields", "_update_row"},
+    "models/_tasks.py": {"_now"},
+    # The tasks' claim, read by the tasks' run (being rewritten with the claim).
+    "_runs/tasks.py": {"_claim"},
+    # django-stubs' type of a statement's parameter, which Django's own cursor takes (a type only).
+    "_sql/prepared.py": {"_SQLType"},
+}
+
+
+def _private_imports(source: str) -> set[str]:
+    """Names with a leading underscore imported by name from another module (a private module itself aside)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            names |= {alias.name for alias in node.names if alias.name.startswith("_") and alias.name[1:2] != "_"}
+    return names
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A private name stays its module's: a module imports another's public names (a private *module* is the
+    package's own, and its public names are for the package)."""
+    modules = {relative.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for relative, _ in _modules()}
+    offenders = []
+    for relative, source in _modules():
+        names = _private_imports(source) - {name.rsplit(".", 1)[-1] for name in modules}
+        unexpected = names - _PRIVATE_IMPORTS_KNOWN.get(relative, set())
+        offenders += [f"{relative}: {name}" for name in sorted(unexpected)]
+    assert not offenders, "\n".join(["private names imported from another module:", *offenders])
+    assert _private_imports("from .a import _b, c\nfrom . import _mod\n") == {"_b", "_mod"}

@@ -30,7 +30,7 @@ def served():
     _metrics.serve(port)
     _metrics.observe_attempt("lab_stamp", "succeeded", 0.2)
     yield port
-    _metrics.reset()
+    _metrics.stop()
 
 
 def _get(port, headers=None, timeout=10):

@@ -263,6 +263,63 @@ def test_a_claim_compiled_once_reads_each_claims_own_now_queryset_and_where(job_
     assert [row.attempts for row in Reminder.objects.order_by("pk")] == [3, 3]
 
 
+def _plain_claims(monkeypatch):
+    """Record, claim by claim, whether the queryset went to the pipeline as plain (its read compiled once)."""
+    told = []
+    claim = queues.run_claim.claim
+
+    def spy(rows, using, run, where, limit, *, plain):
+        told.append(plain)
+        return claim(rows, using, run, where, limit, plain=plain)
+
+    monkeypatch.setattr(queues.run_claim, "claim", spy)
+    return told
+
+
+def test_only_the_managers_own_claim_is_plain(job_run, monkeypatch):
+    """The claim's read is compiled once only for ``Model.objects.claim()``: a queryset's claim cannot tell an
+    untouched queryset from a changed one without Django's internals, so every queryset claim compiles its own."""
+    told = _plain_claims(monkeypatch)
+    with job_run(now=NOON):
+        Reminder.objects.claim()
+        Reminder.objects.db_manager("default").claim()
+        Reminder.objects.all().claim()
+        Reminder.objects.using("default").claim()
+        Reminder.objects.filter(pk=1).claim()
+        Reminder.objects.order_by("-pk").claim()
+        Reminder.objects.annotate(twice=F("pk") * 2).claim()
+    assert told == [True, True, False, False, False, False, False]
+
+
+def test_a_related_managers_claim_is_not_plain_and_claims_only_its_own_rows(job_run, monkeypatch):
+    """A related manager narrows get_queryset() to its object's rows: its claim is never answered by the plain
+    read compiled for the whole table, even right after one."""
+    ada, bob = PersonFactory(), PersonFactory()
+    adas = OutboxMailFactory(person=ada, due=NOON - MINUTE)
+    OutboxMailFactory(person=bob, due=NOON - MINUTE)
+    told = _plain_claims(monkeypatch)
+    with job_run(now=NOON - 2 * MINUTE):
+        assert OutboxMail.objects.claim() == []  # compiles (and caches) the whole table's read
+    with job_run(now=NOON):
+        assert ada.mails.claim() == [adas]
+    assert told == [True, False]
+
+
+def test_a_manager_that_narrows_get_queryset_is_not_plain(job_run, monkeypatch):
+    class Overdue(queues.QueueManager):
+        def get_queryset(self):
+            return super().get_queryset().filter(due__lt=NOON - MINUTE)
+
+    manager = Overdue()
+    manager.model = Reminder
+    ReminderFactory(due=NOON - MINUTE)
+    old = ReminderFactory(due=NOON - 2 * MINUTE)
+    told = _plain_claims(monkeypatch)
+    with job_run(now=NOON):
+        assert manager.claim() == [old]
+    assert told == [False]
+
+
 @pytest.mark.parametrize("limit", [0, -1, 501, True, False, "5", 2.0, None])
 def test_claim_refuses_a_limit_out_of_bounds_saying_the_bounds(job_run, limit):
     with job_run(now=NOON), pytest.raises(ValueError) as refused:

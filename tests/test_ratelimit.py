@@ -1,4 +1,4 @@
-"""Shared rate limits (DESIGN §18): ``@cron(..., rate_limit="N/s|N/m|N/h")`` and a task queue's
+"""Shared rate limits: ``@cron(..., rate_limit="N/s|N/m|N/h")`` and a task queue's
 ``OPTIONS["rate_limit"]``: one token bucket row per job, taken in the claim's own transaction.
 
 The declaration, the checks and one process's claims run on every backend; real worker processes sharing one

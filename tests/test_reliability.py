@@ -1,4 +1,4 @@
-"""Issue 11: what killing, freezing and cutting off workers found, each on real processes and PostgreSQL.
+"""Reliability: what killing, freezing and cutting off workers found, each on real processes and PostgreSQL.
 
 Each test waits for the event the rule promises (a row done, a takeover, a recorded outcome) and fails with the
 workers' logs when it does not come.

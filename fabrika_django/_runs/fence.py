@@ -73,7 +73,7 @@ class LeaseFence:
         else:
             held = self._hold_with_cursor(connection)
         if not held:
-            self.signal.abort("lease_lost")
+            self.signal.abort(LeaseLost.code)
             raise LeaseLost(
                 "The attempt's lease was taken over by another attempt: this transaction may not begin; "
                 "the next run picks up."
@@ -124,7 +124,9 @@ class LeaseFence:
         statement's rows (or the first error); psycopg then finds the transaction open and sends no BEGIN of
         its own. Inside a transaction already (a TestCase) the statements are ordinary ones. The query is
         built once per connection (binding it cost as much Python as the rest of a finishing transaction), and
-        no Django cursor is made for it: a transaction at READ COMMITTED needs none.
+        no Django cursor is made for it: a transaction at READ COMMITTED needs none. Neither psycopg nor Django
+        has a public way to send a statement with the BEGIN; that psycopg then sends no BEGIN of its own inside
+        Django's ``atomic()`` is pinned by tests/test_django_seams.py, on Django 5.2 and 6.x.
         """
         import psycopg  # the postgres extra's: not installed for SQLite-only projects
 

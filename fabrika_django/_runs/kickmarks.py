@@ -23,7 +23,7 @@ def kicked_in_transaction(name: str, alias: str) -> bool:
     Read through ``connection.run_on_commit``, which Django does not document: neither 5.2 nor 6.1 offers a
     documented way to see a transaction's callbacks (or to hear of a savepoint's rollback), and a record of our
     own could not tell which savepoint dropped its kick row. Each entry holds the callback second on 5.2 and 6.1;
-    tests/test_tasks.py, which CI runs on Django 6 too, fails if that changes.
+    tests/test_django_seams.py (and tests/test_tasks.py), which bin/test runs on Django 6 too, fail if that changes.
     """
     connection = connections[alias]
     if not connection.in_atomic_block:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from .._running import framework_write
 from .._sql import fence as fence_sql
-from ..models._tables import Attempt, Job, Lease, Outcome
+from ..models._tables import Attempt, Job, Lease, Outcome, Trigger
 from .fence import lock_fences
 from .pending import is_pending, notify
 from .rows import CUT_OFF, FREE, Started, expires_in, lease_active, lock_job, own_row
@@ -105,12 +105,13 @@ def end_run(lease: Started, outcome: str, *, again: bool, seconds: float, backlo
         if not mine.update(token=token, run_id=run_id, attempt=1, expires=expires_in(seconds)):
             return False
         Job.objects.filter(name=lease.job).update(
-            pending_since=None, lane_asked=None, last_run_id=run_id, last_trigger="kick", last_started=Now()
+            pending_since=None, lane_asked=None, last_run_id=run_id, last_trigger=Trigger.KICK, last_started=Now()
         )
         record = Attempt.objects.create(
-            job=lease.job, run_id=run_id, trigger="kick", number=1, lane=lease.lane, holder=lease.holder
+            job=lease.job, run_id=run_id, trigger=Trigger.KICK, number=1, lane=lease.lane, holder=lease.holder
         )
-    lease.token, lease.run_id, lease.trigger, lease.attempt, lease.attempt_id = token, run_id, "kick", 1, record.pk
+    lease.token, lease.run_id, lease.attempt, lease.attempt_id = token, run_id, 1, record.pk
+    lease.trigger = Trigger.KICK
     return True
 
 

@@ -25,7 +25,7 @@ from ..kicks import kick
 from ..models import Job
 from ..schedule import Schedule
 from ._attempts import outcome_badge
-from ._queues import _relative
+from ._display import relative
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -56,7 +56,7 @@ def _when(value: datetime | None) -> str:
 def _briefly(value: datetime, now: datetime) -> str:
     """Return "3 minutes ago" (or "just now"), with the absolute time in the user's zone as its tooltip."""
     absolute = date_format(timezone.localtime(value), "DATETIME_FORMAT")
-    return format_html('<span class="fabrika-nowrap" title="{}">{}</span>', absolute, _relative(value, now))
+    return format_html('<span class="fabrika-nowrap" title="{}">{}</span>', absolute, relative(value, now))
 
 
 @admin.register(Job)
@@ -196,7 +196,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             '<span class="fabrika-nowrap" title="{} {}">{}</span> <span class="fabrika-quiet">{}</span>',
             local,
             zone,
-            _relative(fire, timezone.now()),
+            relative(fire, timezone.now()),
             fire.astimezone(UTC).strftime("%m-%d %H:%M UTC"),  # the year is in the tooltip
         )
 

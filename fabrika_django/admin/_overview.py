@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypedDict
 import django
 from django.contrib import admin
 from django.contrib.admin import AdminSite
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import quote
 from django.db import models
 from django.http import HttpRequest, HttpResponse
@@ -23,8 +24,8 @@ from ..models import Overview
 from ..ops import _health
 from ..ops._counts import QueueCounts, count_queue, queue_models
 from ..ops._report import job_states
+from ._display import relative
 from ._pictures import JobPicture, job_pictures, queue_pictures
-from ._queues import _relative
 
 if TYPE_CHECKING:
     from django.urls import URLPattern
@@ -51,8 +52,11 @@ class _JobRow(TypedDict):
 
 
 def _changelist(site: AdminSite, request: HttpRequest, model: type[models.Model]) -> str | None:
-    model_admin = site._registry.get(model)
-    if model_admin is None or not model_admin.has_view_or_change_permission(request):
+    try:
+        model_admin = site.get_model_admin(model)
+    except NotRegistered:
+        return None
+    if not model_admin.has_view_or_change_permission(request):
         return None
     opts = model._meta
     try:
@@ -91,7 +95,7 @@ def _queue_rows(
                 "cells": cells,
                 "oldest_due": counts.oldest_due,
                 "oldest_age": now - counts.oldest_due if counts.oldest_due else None,
-                "oldest_words": _relative(counts.oldest_due, now) if counts.oldest_due else None,
+                "oldest_words": relative(counts.oldest_due, now) if counts.oldest_due else None,
                 "dead": counts.dead,
                 "picture": pictures[model._meta.label],
             }
@@ -119,7 +123,7 @@ def _job_rows(site: AdminSite, request: HttpRequest, now: datetime) -> list[_Job
                 "last_finished": state.last_finished,
                 "last_success": state.last_success,
                 "failures_in_row": state.failures_in_row,
-                "last_success_words": _relative(state.last_success, now) if state.last_success else None,
+                "last_success_words": relative(state.last_success, now) if state.last_success else None,
                 "picture": pictures[state.name],
             }
         )

@@ -11,20 +11,21 @@ from django.utils.safestring import SafeString
 from django.utils.text import slugify
 from django.utils.translation import ngettext
 
+from ..models import Outcome
 from ..ops._charts import Series, legend, lines, stacked_bars
 from ..ops._history import JobHours, QueueHours, hour_slots, job_hours, queue_hours
 
 _BAND_LABELS = {
-    "succeeded": "succeeded",
-    "handler_failed": "handler failed",
-    "timed_out": "timed out",
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.HANDLER_FAILED: "handler failed",
+    Outcome.TIMED_OUT: "timed out",
     "interrupted": "interrupted (lease lost, shutdown, crash)",
     "other": "other failure",
 }
 _BAND_CSS = {
-    "succeeded": "ok",
-    "handler_failed": "fail",
-    "timed_out": "timeout",
+    Outcome.SUCCEEDED: "ok",
+    Outcome.HANDLER_FAILED: "fail",
+    Outcome.TIMED_OUT: "timeout",
     "interrupted": "interrupted",
     "other": "other",
 }
@@ -40,7 +41,7 @@ def _attempts_summary(hours: JobHours, slots: list[datetime]) -> str:
     if not total:
         return "No attempt in the last 24 hours."
     by_band = {band: sum(values) for band, values in hours.counts.items() if sum(values)}
-    failed = total - by_band.get("succeeded", 0)
+    failed = total - by_band.get(Outcome.SUCCEEDED, 0)
     parts = ", ".join(f"{count} {_BAND_LABELS[band]}" for band, count in by_band.items())
     busiest = max(range(len(slots)), key=lambda index: totals[index])
     counted = ngettext("%(count)d attempt", "%(count)d attempts", total) % {"count": total}

@@ -17,7 +17,7 @@ from django.utils.translation import ngettext
 
 from .._queuestate import STATES, row_state_at, state_q
 from .._requeue import RunningTasks, requeue_rows
-from ._display import flat_fields, moment, relative
+from ._display import flat_fields, moment
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
     from ..models import QueueModel
     from ._display import Fieldsets, ListDisplay, ListFilterSpec
-
-_relative = relative  # the name the jobs page and the overview import
 
 # The fields the framework writes: shown, never edited (an edited attempts/version/due would lie to claim()).
 _READ_ONLY = ("queue_state", "attempts", "queue_due", "version", "last_failure")

@@ -133,9 +133,20 @@ def _add_queue_indexes(sender: type[models.Model], **kwargs: object) -> None:
     declared = {index.name for index in sender._meta.indexes}
     added = [index for index in wanted if index.name not in declared]
     if added:
-        sender._meta.indexes = [*sender._meta.indexes, *added]
-        # Migrations read a model's indexes only when its Meta declared some.
-        sender._meta.original_attrs["indexes"] = sender._meta.indexes
+        _declare_indexes(sender, added)
+
+
+def _declare_indexes(model: type[models.Model], indexes: list[models.Index]) -> None:
+    """Give ``model`` ``indexes`` besides its own, as if its ``Meta`` had declared them all.
+
+    The one write to Django's internals in the models: Django has no public way to add an index to a model
+    class once it is made, and the migrations read a model's ``_meta.indexes`` only when its ``Meta`` declared
+    ``indexes`` (``_meta.original_attrs``), so both are written. A Django release that reads them otherwise
+    makes ``makemigrations --check`` find a change: tests/test_django_seams.py, on each Django the suite runs
+    (5.2 and 6.x).
+    """
+    model._meta.indexes = [*model._meta.indexes, *indexes]
+    model._meta.original_attrs["indexes"] = model._meta.indexes
 
 
 def _named_index(model: type[models.Model], fields: list[str], condition: models.Q) -> models.Index:

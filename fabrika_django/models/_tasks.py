@@ -69,7 +69,7 @@ class _TaskQuerySet(QueueQuerySet["QueuedTask"]):
 def claimable_tasks() -> run_claim.Claimable:
     """The tasks' table as ``claim()`` hands it to the claim's pipeline (``_runs.task_claim``, for the first
     claim that rides in a run's start)."""
-    return QueuedTask.objects.all()._claimable()
+    return QueuedTask.objects.get_queryset()._claimable(whole_table=True)
 
 
 class _TaskManager(QueueManager.from_queryset(_TaskQuerySet)):  # type: ignore[misc]

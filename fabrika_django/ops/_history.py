@@ -35,8 +35,9 @@ FOLD_GRACE = timedelta(minutes=5)
 _HOUR = timedelta(hours=1)
 
 #: Outcomes drawn as their own band; every other failure code is drawn as "other failure".
-OUTCOME_BANDS = ("succeeded", "handler_failed", "timed_out", "interrupted", "other")
-_INTERRUPTED = frozenset({"lease_lost", "shutdown", "crashed"})
+_OWN_BANDS = (Outcome.SUCCEEDED, Outcome.HANDLER_FAILED, Outcome.TIMED_OUT)
+OUTCOME_BANDS: tuple[str, ...] = (*_OWN_BANDS, "interrupted", "other")
+_INTERRUPTED = frozenset({Outcome.LEASE_LOST, Outcome.SHUTDOWN, Outcome.CRASHED})
 
 
 @dataclass
@@ -66,8 +67,8 @@ def hour_slots(now: datetime) -> list[datetime]:
 
 def outcome_band(outcome: str) -> str:
     """Return the band an outcome is drawn in."""
-    if outcome in ("succeeded", "handler_failed", "timed_out"):
-        return outcome
+    if outcome in _OWN_BANDS:
+        return str(outcome)
     return "interrupted" if outcome in _INTERRUPTED else "other"
 
 

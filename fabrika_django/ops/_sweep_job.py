@@ -68,7 +68,7 @@ def command(out: BaseCommand, *, dry_run: bool, **options: object) -> None:
     from .. import runner
     from ..jobs import registry
 
-    result = runner.run(registry.get("fabrika_sweep_files"), "manual")
+    result = runner.run(registry.get("fabrika_sweep_files"))  # a manual run
     done = _last_reports.pop(str(result.run_id), None)
     if result.outcome == "coalesced":
         out.stdout.write("The file sweep is running elsewhere: marked pending, it runs once more after.")

@@ -29,7 +29,7 @@ from fabrika_django.exceptions import UnknownJob
 from fabrika_django.jobs import registry
 from fabrika_django.management import _show
 from fabrika_django.management._show import usage as _usage
-from fabrika_django.models import QueueModel
+from fabrika_django.models import QueueModel, Trigger
 from fabrika_django.ops import _report, _sweep_job
 
 from ..._runs import pending as run_pending
@@ -170,7 +170,7 @@ class Command(BaseCommand):
             # Hosts that run jobs from cron have no worker to take kick rows: every run takes them all (into
             # the jobs' pending flags, which this run and the next ones serve), so they never pile up.
             run_pending.take_kicks([registered.name for registered in registry])
-            result = runner.run(job, "manual", stop=stop)
+            result = runner.run(job, Trigger.MANUAL, stop=stop)
         plural = "" if result.attempts == 1 else "s"
         if result.ok and verbosity < 1:
             return  # -v 0: silent unless it failed, so cron mails only failures
@@ -204,7 +204,11 @@ class Command(BaseCommand):
         if metrics_port is not None:
             _serve_metrics(metrics_port, metrics_addr or "127.0.0.1")
         made = functools.partial(worker.Worker, only=only, stdout=self.stdout, verbosity=verbosity)
-        (made() if concurrency is None else made(concurrency=concurrency)).run()  # None: the worker's default
+        try:
+            (made() if concurrency is None else made(concurrency=concurrency)).run()  # None: the worker's default
+        finally:
+            # A worker run inside a longer process (call_command) frees its port and threads when it ends.
+            _metrics.stop()
 
     def _handle_kick(self, *, name: str, **options: object) -> None:
         job = registry.get(name)
