@@ -174,6 +174,9 @@ def test_a_claim_with_a_where_on_its_own_columns_is_one_statement_that_honours_i
     assert _lane_asked()  # the first was full: it asked in its statement
     assert set(Item.objects.filter(pk__in=odd).values_list("attempts", flat=True)) == {1}
     assert set(Item.objects.exclude(pk__in=odd).values_list("attempts", flat=True)) == {0}
+    with _lanes_run(LaneDemand(LANES_JOB, 8)):
+        assert Item.objects.claim(limit=2, where=Q(n__in=[])) == []  # no row can match: nothing claimed
+        assert len(Item.objects.claim(limit=2, where=~Q(n__in=[]))) == 2  # every row can
 
 
 def test_a_claim_on_a_filtered_queryset_goes_the_long_way_and_stays_correct():

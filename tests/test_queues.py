@@ -228,6 +228,14 @@ def test_claim_takes_only_rows_matching_where(job_run):
     assert OutboxMail.objects.filter(attempts=1).count() == 1
 
 
+def test_claim_with_a_where_no_row_can_match_claims_nothing(job_run):
+    OutboxMailFactory(kind="welcome", due=NOON - MINUTE)
+    with job_run(now=NOON):
+        assert OutboxMail.objects.claim(where=Q(kind__in=[])) == []
+        assert OutboxMail.objects.claim(where=Q(kind__in=[], person__unsubscribed=False)) == []
+    assert not OutboxMail.objects.filter(attempts__gt=0).exists()
+
+
 def test_claim_keeps_the_filters_of_the_queryset_it_ends(job_run):
     welcome = OutboxMailFactory(kind="welcome", due=NOON - MINUTE)
     OutboxMailFactory(kind="digest", due=NOON - MINUTE)

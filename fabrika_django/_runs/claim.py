@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -94,7 +95,10 @@ def _claim_rows(
     model = of.rows.model
     if not connection.features.has_select_for_update:
         take_write_lock(model, connection)
-    compiled = compiled_claim(of, using, connection, now, where, limit)
+    try:
+        compiled = compiled_claim(of, using, connection, now, where, limit)
+    except EmptyResultSet:  # a where no row can match (``n__in=[]``)
+        return []
     if compiled is None:  # the ORM's own objects (an annotated or related queryset)
         return read_locked(locked(of.query(using, now, where), connection)[:limit], of.order, connection)
     sql, params, decoder = compiled

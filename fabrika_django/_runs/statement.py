@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import FieldDoesNotExist
+from django.core.exceptions import EmptyResultSet, FieldDoesNotExist
 from django.db.models import Q
 from django.db.models.constants import LOOKUP_SEP
 
@@ -112,7 +112,11 @@ def _build(
     ordered = _order_columns(model, connection, order)
     if ordered is None:
         return None
-    condition = Compiled(*q_sql(model, state_q(model, "due_now", SAMPLE_NOW) & (where or Q()), connection), SAMPLE_NOW)
+    try:
+        condition_q = state_q(model, "due_now", SAMPLE_NOW) & (where or Q())
+        condition = Compiled(*q_sql(model, condition_q, connection), SAMPLE_NOW)
+    except EmptyResultSet:  # a where no row can match (``n__in=[]``): the long way answers nothing
+        return None
     if not condition.usable:
         return None
     condition_sql, fixed = condition.named()

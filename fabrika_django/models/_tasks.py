@@ -20,7 +20,7 @@ from ..queues import QueueManager, QueueQuerySet, _now
 from ._queue import QueueModel
 
 if TYPE_CHECKING:
-    from .._runs.claim import Claimable
+    from ..queues import run_claim  # the claim's types, through the queryset's own module: no arrow up
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _TaskQuerySet(QueueQuerySet["QueuedTask"]):
             logger.warning("Task given up id=%s code=task_undecodable", pk)
 
 
-def claimable_tasks() -> Claimable:
+def claimable_tasks() -> run_claim.Claimable:
     """The tasks' table as ``claim()`` hands it to the claim's pipeline (``_runs.task_claim``, for the first
     claim that rides in a run's start)."""
     return QueuedTask.objects.all()._claimable()
