@@ -900,3 +900,13 @@ def test_the_overviews_breadcrumbs_are_in_the_markup_of_the_admins_own_pages(adm
     tag, links = _breadcrumbs(admin_client.get("/admin/fabrika_django/overview/").content.decode())
     assert tag == own_tag
     assert links == own_links == ["/admin/", "/admin/fabrika_django/"]
+
+
+def test_a_job_name_no_row_can_hold_is_no_job_and_filters_no_attempt(admin_client):
+    # PostgreSQL refuses a NUL in text (a DataError): a crafted URL was a 500 on fabrika's own pages.
+    _attempt()
+    assert admin_client.get("/admin/fabrika_django/job/mark%00overdue/change/").status_code == 302  # "no such job"
+    assert admin_client.post("/admin/fabrika_django/job/mark%00overdue/run/").status_code == 404
+    listed = admin_client.get(f"{ATTEMPTS}?job=mark%00overdue")
+    assert listed.status_code == 200 and listed.context["cl"].result_count == 0
+    assert not KickRequest.objects.exists()

@@ -465,7 +465,7 @@ def test_requeue_reports_a_row_changed_meanwhile_and_does_not_overwrite_it(monke
 
 # The project's own queue models, never a model of another project (the demo's) as the example.
 _MINE = (
-    "this project's are fabrika_django.QueuedTask, lab.Item, outbox.OutboxMail, outbox.Registration, "
+    "this project's are fabrika_django.QueuedTask, lab.Item, lab.Parcel, outbox.OutboxMail, outbox.Registration, "
     "reminders.Reminder, reports.ReportRequest"
 )
 

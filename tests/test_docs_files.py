@@ -79,3 +79,12 @@ def test_promtool_accepts_the_alert_rules_and_the_scrape_config():
     for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
         done = subprocess.run([promtool, *args], cwd=MONITORING, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"promtool {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+
+
+def test_every_admin_screenshot_in_docs_is_shown_by_a_page_of_the_site():
+    # The Chromium tests keep both themes' screenshots here (FABRIKA_SCREENSHOTS=docs/screenshots); a reader sees
+    # them only where a page shows them.
+    pages = "\n".join(page.read_text() for page in (ROOT / "docs").rglob("*.md"))
+    shown = set(re.findall(r"screenshots/([\w.-]+\.png)", pages))
+    kept = {shot.name for shot in (ROOT / "docs" / "screenshots").glob("admin-*.png")}
+    assert sorted(kept - shown) == [], "docs/screenshots holds admin screenshots no page of docs/ shows"

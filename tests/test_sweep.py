@@ -121,7 +121,8 @@ def test_the_sweep_deletes_old_orphans_only(media, tmp_path, caplog):
     # The log counts files and never names one.
     [line] = [r.getMessage().split(" ", 3)[3] for r in caplog.records if "Swept files" in r.getMessage()]
     assert line == (
-        "Swept files deleted=2 referenced=5 recent=1 kept_on_recheck=0 skipped=3 busy_batches=0 unreadable=0"
+        "Swept files deleted=2 referenced=5 recent=1 kept_on_recheck=0 skipped=3 busy_batches=0 unreadable=0 "
+        "undeletable=0"
     )
     for record in caplog.records:
         assert "orphan" not in record.getMessage() and "outbox" not in record.getMessage()

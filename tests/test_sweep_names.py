@@ -155,6 +155,43 @@ def test_an_unreadable_folder_is_skipped_and_counted_and_the_rest_is_swept(media
     assert _files(media) == ["locked/old.csv"]
 
 
+@contextmanager
+def _read_only(folder):
+    """Make ``folder`` one the worker may read but not delete from: its mode, and (as root) the OS's refusal."""
+    folder.chmod(0o555)
+    real = os.remove
+
+    def remove(path, *args, **kwargs):
+        if os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            if os.geteuid() == 0:
+                patch.setattr(os, "remove", remove)
+            yield
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_the_worker_may_not_delete_is_kept_and_counted_and_the_rest_is_swept(media):
+    # A folder the worker may read but not write: its old orphans stay, the sweep goes on past them, every day.
+    _file(media, "locked/a.csv")
+    _file(media, "locked/b.csv")
+    _file(media, "open/orphan.csv")
+    out = io.StringIO()
+    with _read_only(media / "locked"):
+        call_command("fabrika_job", "sweep-files", stdout=out)
+        assert run_job("fabrika_sweep_files").outcome == "succeeded"
+    assert out.getvalue().startswith(
+        "Deleted 1 files (kept: 0 referenced, 0 newer than 7 days; 2 files the worker may not delete)"
+    )
+    assert str(media) not in out.getvalue()
+    assert _files(media) == ["locked/a.csv", "locked/b.csv"]
+
+
 @pytest.mark.django_db
 def test_a_grace_period_past_the_bound_is_a_check_error_not_an_overflow(media, settings):
     settings.FABRIKA = dict(settings.FABRIKA, FILE_SWEEP={"storages": ["default"], "older_than_days": 10**6})

@@ -24,7 +24,7 @@ from ..jobs import CronJob, registry
 from ..kicks import kick
 from ..models import Job
 from ..schedule import Schedule
-from ._attempts import outcome_badge
+from ._attempts import outcome_badge, storable
 from ._display import relative
 
 if TYPE_CHECKING:
@@ -117,6 +117,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         """Return the job's row; for a registered job without one yet, the row it will have (unsaved)."""
+        if not storable(object_id):
+            return None
         job = super().get_object(request, object_id, from_field)
         if job is None and object_id in registry:
             job = Job(name=object_id)

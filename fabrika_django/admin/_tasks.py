@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import QueuedTask, TaskStatus
+from ._attempts import storable
 from ._display import breakable, flat_fields, time_column
 from ._queues import QueueModelAdminMixin, StateListFilter
 
@@ -39,7 +40,10 @@ class _FunctionFilter(admin.SimpleListFilter):
         return [(path, path) for path in paths]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[QueuedTask]) -> QuerySet[QueuedTask]:
-        return queryset.filter(task_path=self.value()) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(task_path=value) if storable(value) else queryset.none()
 
 
 class _OverviewStateFilter(StateListFilter):

@@ -66,6 +66,8 @@ class SweepReport:
     busy_batches: int = 0
     #: Folders the worker may not read (their files are left, and so is what they hold).
     unreadable: int = 0
+    #: Orphans the worker may not delete (a folder it reads but may not write): left, the sweep goes on.
+    undeletable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{name}={value}" for name, value in vars(self).items())
@@ -242,13 +244,25 @@ def _delete(
                 still = [name for name in still if _still_old(swept_root, name, cutoff)]
                 report.kept_on_recheck += len(orphans) - len(still)
                 for name in still:
-                    storage.delete(name)
-                report.deleted += len(still)
+                    if _deleted(storage, name):
+                        report.deleted += 1
+                    else:
+                        report.undeletable += 1
                 return
         except _Busy:
             check_abort()
             time.sleep(min(0.05 * (tries + 1), 1.0))
     report.busy_batches += 1
+
+
+def _deleted(storage: Storage, name: str) -> bool:
+    """Delete one orphan; False where the worker may not: one such file would otherwise fail every day's sweep at
+    the same place, and its path would reach the log through the exception."""
+    try:
+        storage.delete(name)
+    except PermissionError:
+        return False
+    return True
 
 
 def _still_old(root: str | None, name: str, cutoff: float) -> bool:

@@ -87,6 +87,8 @@ def command(out: BaseCommand, *, dry_run: bool, **options: object) -> None:
 
 
 def _unreadable(report: SweepReport) -> str:
-    if not report.unreadable:
-        return ""
-    return f"; {report.unreadable} folders skipped: the worker may not read them"
+    """What the sweep left because the worker may not read a folder or delete a file: counts, never paths."""
+    said = f"; {report.undeletable} files the worker may not delete" if report.undeletable else ""
+    if report.unreadable:
+        said += f"; {report.unreadable} folders skipped: the worker may not read them"
+    return said
