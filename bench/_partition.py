@@ -10,11 +10,16 @@ What it shows:
 - the cut-off worker's writes after the heal are refused by the fence (lost 0, doubled 0: no row's effect is
   acknowledged twice, and the unique key refused no second effect);
 - it recovers by itself: once the link is back, it drains a second batch of rows alone;
-- how long the server kept the cut-off session's locks (sampled from ``pg_locks`` every 50 ms).
+- the server's own bound on a cut-off holder's locks: a namespaced worker cut off inside ``ctx.transaction()``
+  (``lab_hold``) while no other worker runs, so no takeover ends its session; the link stays down until the
+  server's keepalives (the settings every fabrika session sets, ``fabrika_django/_sessions.py``) end that session.
+  It prints how long the session kept its locks (sampled from ``pg_locks`` every 50 ms) beside the bound those
+  settings give, ``tcp_keepalives_idle + tcp_keepalives_count × tcp_keepalives_interval``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -105,7 +110,9 @@ def partition(rows: int, *, minutes: float) -> dict:
             setup_django(url, lab=True)
             with tempfile.TemporaryDirectory(prefix="chaos-acks-") as folder:
                 remote_url = url.replace("127.0.0.1", host.host_address)
-                return _cut_the_holder(url, remote_url, host, Path(folder), rows, LEASE_SECONDS, minutes)
+                result = _cut_the_holder(url, remote_url, host, Path(folder), rows, LEASE_SECONDS, minutes)
+                alone = _cut_with_nobody_to_take_over(url, remote_url, host, Path(folder), LEASE_SECONDS, minutes)
+                return {**result, **alone, "logs": result["logs"] + alone["logs"]}
 
 
 def _cut_the_holder(  # noqa: PLR0913 - the experiment's whole setting, passed once
@@ -171,6 +178,54 @@ def _cut_the_holder(  # noqa: PLR0913 - the experiment's whole setting, passed o
     }
 
 
+def keepalive_bound(lease: float) -> float:
+    """The longest a silent client's session lives on the server with the keepalives a fabrika session sets
+    (``_sessions.dead_client_settings`` for that lease): the idle time, then every probe unanswered."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from fabrika_django._sessions import dead_client_settings
+
+    with override_settings(FABRIKA={**getattr(settings, "FABRIKA", {}), "LEASE_SECONDS": lease}):
+        idle, interval, count, _user_timeout_ms = (float(value) for value in dead_client_settings())
+    return idle + count * interval
+
+
+def _cut_with_nobody_to_take_over(  # noqa: PLR0913 - the experiment's whole setting, passed once
+    url: str, remote_url: str, host: Namespace, folder: Path, lease: float, minutes: float
+) -> dict:
+    """Cut a holder off inside ``ctx.transaction()`` with no other worker running; the seconds its server session
+    kept its locks (``inf``: longer than twice the bound, when the link came back anyway)."""
+    from fabrika_django import kick
+    from testproject.lab.models import Mark
+
+    from .chaos import Lab, Worker, _reset
+
+    lab = Lab(url, time.monotonic() + minutes * 60)
+    _reset()
+    hold = folder / "hold"
+    hold.write_text("")
+    holder = Worker(remote_url, wrapper=host.wrapper, only="lab_hold", LAB_HOLD_FILE=hold, LAB_HOLD_SECONDS=120)
+    lab.workers.append(holder)
+    lab.wait(holder.started, "the namespaced holder to start")
+    kick("lab_hold")
+    lab.wait(lambda: hold.read_text() and _cut_off_session_locks(host.address), "the holder inside its transaction")
+    bound = keepalive_bound(lease)
+    host.cut()
+    cut_at = time.monotonic()
+    held = math.inf
+    while time.monotonic() < cut_at + 2 * bound:  # the link stays down until the server has let go
+        if _cut_off_session_locks(host.address) == 0:
+            held = time.monotonic() - cut_at
+            break
+        time.sleep(0.05)
+    host.heal()
+    holder.end()
+    # The server rolled the cut-off transaction back: its start mark never appears.
+    stale = Mark.objects.filter(job="lab_hold", pid=holder.pid).count()
+    return {"alone_locks_held": held, "keepalive_bound": bound, "lost_hold": stale, "logs": [holder.log.name]}
+
+
 def main() -> None:
     import argparse
 
@@ -185,13 +240,20 @@ def main() -> None:
         f"{result['experiment']}: {result['rows']} rows, dead {result['dead']}; taken over {result['takeover']:.2f}s "
         f"after the cut; the cut-off session held locks for {result['locks_held']:.2f}s of it (sampled every 50 ms)"
     )
+    bound, held = result["keepalive_bound"], result["alone_locks_held"]
     out(
-        f"partition lost={result['lost']} doubled={result['doubled']} longest_stall={result['stall']:.2f} "
+        f"cut off inside ctx.transaction() with nobody to take over: the server kept its session's locks for "
+        f"{f'{held:.2f}s' if held <= 2 * bound else f'over {2 * bound:.0f}s'} (bound: the keepalives' {bound:.0f}s), "
+        f"its transaction's commits seen {result['lost_hold']}"
+    )
+    lost = result["lost"] + result["lost_hold"]  # a frozen transaction's commit counts as the freeze's does
+    out(
+        f"partition lost={lost} doubled={result['doubled']} longest_stall={result['stall']:.2f} "
         f"recovered={'yes' if result['recovered'] else 'no'}"
     )
     for log in result["logs"]:
         os.unlink(log)
-    if result["lost"] or result["doubled"] or not result["recovered"]:
+    if lost or result["doubled"] or not result["recovered"] or held > bound:
         sys.exit(1)
 
 

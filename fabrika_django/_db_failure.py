@@ -2,8 +2,9 @@
 
 ``error=OperationalError`` reads the same for a dead host, a standby that refuses writes and a wrong password. The
 worker's and the listener's logs name the server the connection was for (its settings' host and port, never the
-password) and one of the kinds below, read from the driver's SQLSTATE where it has one and otherwise from its
-message, which is itself never logged (it may quote a query or a value).
+password) and one of the kinds below, read from the driver's SQLSTATE or, on MariaDB/MySQL, its error number,
+where it has one. psycopg has neither for a failure to connect (libpq reports those in words alone), so then the
+kind is read from the message, which is itself never logged (it may quote a query or a value).
 """
 
 from __future__ import annotations
@@ -22,6 +23,23 @@ _BY_SQLSTATE = {
     "08006": "connection_lost",
     "08001": "unreachable",
     "08004": "refused",
+}
+
+#: MariaDB/MySQL error number (mysqlclient's ``args[0]``) -> kind. "Can't connect" (2002, 2003) is left to the
+#: words: its number is the same for a refusal and a timeout.
+_BY_MYSQL_ERROR = {
+    1044: "auth_failed",  # access denied to the database
+    1045: "auth_failed",  # access denied (a wrong password)
+    1698: "auth_failed",  # access denied (an unknown user)
+    1049: "no_database",
+    1053: "shutting_down",
+    1290: "read_only",  # the server runs with --read-only
+    1792: "read_only",  # a READ ONLY transaction
+    1836: "read_only",  # read-only mode
+    1927: "terminated",  # the session was KILLed
+    2005: "unknown_host",
+    2006: "connection_lost",  # the server has gone away
+    2013: "connection_lost",  # lost connection during a query
 }
 
 #: Words of a driver's message -> kind, where it gives no SQLSTATE (most failures to connect): every fragment of
@@ -69,6 +87,9 @@ def kind_of(error: BaseException) -> str:
     for state in states:
         if state in _BY_SQLSTATE:
             return _BY_SQLSTATE[state]
+    for number in _mysql_errors(error):
+        if number in _BY_MYSQL_ERROR:
+            return _BY_MYSQL_ERROR[number]
     for exc in _chain(error):
         text = str(exc).lower()
         for words, kind in _BY_WORDS:
@@ -85,6 +106,15 @@ def server_of(settings: dict[str, Any]) -> str:
         return hosts
     pairs = zip(hosts.split(","), ports.split(","), strict=False) if "," in hosts + ports else [(hosts, ports)]
     return ",".join(f"{host}:{port}" for host, port in pairs)
+
+
+def _mysql_errors(error: BaseException) -> list[int]:
+    """The error numbers of mysqlclient's exceptions in the chain (Django's own wrapper raises from them)."""
+    return [
+        exc.args[0]
+        for exc in _chain(error)
+        if type(exc).__module__.startswith("MySQLdb") and exc.args and isinstance(exc.args[0], int)
+    ]
 
 
 def _chain(error: BaseException) -> list[BaseException]:

@@ -42,7 +42,7 @@ def test_a_server_that_is_not_there_is_refused():
     assert _db_failure.kind_of(_failure(_wrapper(HOST="127.0.0.1", PORT=_closed_port()))) == "refused"
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locks
 @pytest.mark.django_db
 def test_a_database_that_does_not_exist_and_an_unknown_role_are_told_apart():
     assert _db_failure.kind_of(_failure(_wrapper(NAME="fabrika_no_such_database"))) == "no_database"
@@ -57,6 +57,30 @@ def test_a_write_a_read_only_server_refuses_is_read_only_and_a_missing_table_nam
     )
     assert _db_failure.kind_of(_failure(wrapper, "CREATE TABLE fabrika_probe (n int)")) == "read_only"
     assert _db_failure.kind_of(_failure(_wrapper(), "SELECT * FROM fabrika_no_such_table")) == "sqlstate_42P01"
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_on_mariadb_the_kind_is_read_from_the_error_number_in_the_servers_language_too():
+    # A server whose messages are Spanish ("Base de datos ... desconocida") names no kind in English words.
+    spanish = _wrapper(OPTIONS={**connection.settings_dict["OPTIONS"], "init_command": "SET lc_messages = 'es_ES'"})
+    assert _db_failure.kind_of(_failure(spanish, "USE fabrika_no_such_database")) == "no_database"
+    read_only = _wrapper(
+        OPTIONS={**connection.settings_dict["OPTIONS"], "init_command": "SET SESSION TRANSACTION READ ONLY"}
+    )
+    assert _db_failure.kind_of(_failure(read_only, "CREATE TABLE fabrika_probe (n int)")) == "read_only"
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_a_mariadb_session_the_server_killed_is_terminated_or_lost():
+    wrapper = _wrapper()
+    with wrapper.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        (session,) = cursor.fetchone()
+    with connection.cursor() as cursor:
+        cursor.execute(f"KILL {int(session)}")
+    assert _db_failure.kind_of(_failure(wrapper)) in {"terminated", "connection_lost"}
 
 
 @pytest.mark.postgresql
@@ -90,7 +114,23 @@ def test_the_worker_logs_which_server_and_what_kind_of_failure_never_the_message
         worker.kill()
 
 
-def _url_with_port(port: int) -> str:
+@pytest.mark.row_locks
+def test_a_refused_login_is_logged_as_auth_failed_without_the_password_or_the_servers_words():
+    port = int(connection.settings_dict["PORT"] or (5432 if connection.vendor == "postgresql" else 3306))
+    url = _url_with_port(port, user="fabrika_no_such_role:s3cret-never-logged")
+    worker = WorkerProcess("--only", "lab_stamp", DATABASE_URL=url)
+    try:
+        wait_until(lambda: "Database unavailable" in worker.output(), workers=[worker], what="the failure's line")
+        [line] = [line for line in worker.output().splitlines() if "Database unavailable" in line][:1]
+        assert f"server=127.0.0.1:{port} kind=auth_failed error=OperationalError" in line
+        output = worker.output()
+        assert "s3cret-never-logged" not in output
+        assert "does not exist" not in output and "access denied" not in output.lower()
+    finally:
+        worker.kill()
+
+
+def _url_with_port(port: int, user: str | None = None) -> str:
     settings = connection.settings_dict
     scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
-    return f"{scheme}://{settings['USER']}@127.0.0.1:{port}/{settings['NAME']}"
+    return f"{scheme}://{user or settings['USER']}@127.0.0.1:{port}/{settings['NAME']}"
