@@ -1,6 +1,8 @@
-"""Django tasks: fabrika_django.tasks.FabrikaBackend against django-tasks-db, on the same PostgreSQL, in one run.
+"""Django tasks: fabrika_django.tasks.FabrikaBackend against django-tasks-db and PgQueuer, on the same PostgreSQL,
+in one run.
 
-    pip install -e ".[bench]"                   # the peer, django-tasks-db 0.13.0; never a dependency of fabrika
+    pip install -e ".[bench]"                   # the peers, django-tasks-db 0.13.0 and PgQueuer 1.6; never
+                                                # dependencies of fabrika
     .venv/bin/python -m bench.tasks [--postgres URL] [--enqueues 1000] [--drain 20000] [--latency 200]
                                     [--only enqueue|drain|latency]
 
@@ -21,8 +23,12 @@ It drops and recreates its database (``fabrika_bench_tasks`` by default), then m
    kick and the NOTIFY: fabrika's own statement) and a process that only LISTENs and, on hearing it, starts the
    task with one prepared UPDATE: two statements and a NOTIFY, where a worker also takes a lease and records
    an attempt (one more statement) before its handler claims the task.
+PgQueuer, the second peer, is measured the same three ways through its own API by bench/pgqueuer_peer.py (its
+enqueue interleaved with the others' rounds; its drain with one consumer in batches of 10; its latency with an idle
+consumer woken by its own NOTIFY), in its own tables, which its installer makes in the same database.
 Targets (what the tasks backend was built to meet): enqueue >= 0.9x theirs, drain >= 5x theirs, latency p50 <= 3 ms
-and p99 <= 12 ms.
+and p99 <= 12 ms. The performance targets the next work sets: drain >= 5x django-tasks-db and >= 0.5x PgQueuer's
+batch-10 drain; enqueue >= 1.0x PgQueuer's (its faster API); enqueue-to-start p50 <= PgQueuer's, p99 <= 3x p50.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from bench import pgqueuer_peer
 from bench._setup import out
+from bench._tasks_report import report
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 3
@@ -60,7 +68,11 @@ def main() -> int:
     except ImportError:
         out('django-tasks-db is not installed: pip install -e ".[bench]" (django-tasks-db 0.13.0, the peer).')
         return 2
+    if not pgqueuer_peer.available():
+        out('PgQueuer is not installed: pip install -e ".[bench]" (PgQueuer 1.6 and asyncpg, the second peer).')
+        return 2
     _fresh_database(args.postgres)
+    pgqueuer_peer.install(args.postgres)
     os.environ.update(
         DATABASE_URL=args.postgres, FABRIKA_LAB="1", FABRIKA_BENCH_TASKS_DB="1", FABRIKA_LOG_LEVEL="WARNING"
     )
@@ -71,9 +83,13 @@ def main() -> int:
     wanted = {args.only} if args.only else {"enqueue", "drain", "latency"}
     rates = _enqueue_rates(args.enqueues) if "enqueue" in wanted else {}
     drains = {way: _drain(way, args.drain) for way in ("fabrika", "db")} if "drain" in wanted else {}
+    if drains:
+        drains["pgqueuer"] = pgqueuer_peer.drain(args.postgres, args.drain)
     ways = ("fabrika", "floor", "db")
     latencies = {way: _latency(way, args.latency) for way in ways} if "latency" in wanted else {}
-    _report(rates, drains, latencies)
+    if latencies:
+        latencies["pgqueuer"] = pgqueuer_peer.latency(args.postgres, args.latency)
+    report(rates, drains, latencies)
     return 0
 
 
@@ -114,18 +130,27 @@ def _enqueue_rates(count: int) -> dict[str, float]:
         "django-tasks-db task": on_db.enqueue,
         "theirs, atomic": their_task_in_one_transaction,
     }
-    for call in ways.values():  # warm up connections, prepared statements, imports
-        for _ in range(50):
-            call()
-    seen: dict[str, list[float]] = {name: [] for name in ways}
+    peer = pgqueuer_peer.Enqueuer(os.environ["DATABASE_URL"])
+    loops = {name: _looped(call) for name, call in ways.items()} | peer.loops()
+    for loop in loops.values():  # warm up connections, prepared statements, imports
+        loop(50)
+    seen: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(ROUNDS):
-        for name, call in ways.items():
+        for name, loop in loops.items():
             began = time.perf_counter()
-            for _ in range(count):
-                call()
+            loop(count)
             seen[name].append(count / (time.perf_counter() - began))
+    peer.close()
     _clear_tables()
     return {name: statistics.median(rates) for name, rates in seen.items()}
+
+
+def _looped(call):
+    def loop(count: int) -> None:
+        for _ in range(count):
+            call()
+
+    return loop
 
 
 def _clear_tables() -> None:
@@ -136,7 +161,7 @@ def _clear_tables() -> None:
     from testproject.lab.models import Item
 
     models = (QueuedTask, DBTaskResult, Item, KickRequest)
-    tables = ", ".join(connection.ops.quote_name(model._meta.db_table) for model in models)
+    tables = ", ".join([*(connection.ops.quote_name(model._meta.db_table) for model in models), *pgqueuer_peer.TABLES])
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables}")
     Job.objects.update(pending_since=None)
@@ -347,49 +372,6 @@ def _wait(predicate, timeout: float):
         if time.monotonic() > deadline:
             raise TimeoutError("the bench waited too long")
         time.sleep(0.005)  # a poll often takes CPU from the worker on a small machine
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def _report(rates: dict[str, float], drains: dict[str, float], latencies: dict[str, list[float]]) -> None:
-    out()
-    if rates:
-        theirs = rates["django-tasks-db task"]
-        out("enqueue, one at a time (median of 3 rounds)")
-        atomic = rates["theirs, atomic"]
-        for name, rate in rates.items():
-            if name == "theirs, atomic":
-                out(f"  {name:<22} {rate:8.0f} /s")
-                continue
-            out(f"  {name:<22} {rate:8.0f} /s   {rate / theirs:5.2f}x django-tasks-db   (target >= 0.90x)")
-        row = rates["row + kick(), atomic"]
-        out(f"  in one atomic() each: row + kick() {row / atomic:5.2f}x their task enqueued in one atomic()")
-    if drains:
-        out("drain, one worker")
-        ratio = drains["fabrika"] / drains["db"]
-        out(f"  fabrika                {drains['fabrika']:8.0f} /s   {ratio:5.2f}x django-tasks-db   (target >= 5x)")
-        out(f"  django-tasks-db        {drains['db']:8.0f} /s")
-    if not latencies:
-        return
-    out("enqueue-to-start latency, idle worker (ms)")
-    titles = (
-        ("fabrika", "fabrika (LISTEN)"),
-        ("floor", "PostgreSQL alone (floor)"),
-        ("db", "django-tasks-db (0.1 s poll)"),
-    )
-    figures = {}
-    for way, title in titles:
-        figures[way] = [_percentile(latencies[way], f) * 1000 for f in (0.5, 0.95, 0.99)]
-        p50, p95, p99 = figures[way]
-        out(f"  {title:<28} p50 {p50:6.1f}  p95 {p95:6.1f}  p99 {p99:6.1f}   (fabrika target p50 <= 3, p99 <= 12)")
-    ratios = "  ".join(
-        f"{name} {f / o:.0%}"
-        for name, f, o in zip(("p50", "p95", "p99"), figures["floor"], figures["fabrika"], strict=True)
-    )
-    out(f"  floor / fabrika: {ratios}")
 
 
 if __name__ == "__main__":
