@@ -1,5 +1,5 @@
 """bench/tasks.py's report: each way's figure, and fabrika's as a ratio of each peer's (fabrika / peer) beside
-the issues' targets (issue 14 against django-tasks-db; issue 27 against django-tasks-db and PgQueuer)."""
+the targets: the tasks backend's against django-tasks-db, the performance targets against both peers."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _enqueue(rates: dict[str, float]) -> None:
         line = f"  {name:<24} {rate:8.0f} /s   {rate / theirs:5.2f}x django-tasks-db   (target >= 0.90x)"
         if name in FABRIKA_ENQUEUES:
             ratio = rate / pgqueuer
-            line += f"   {ratio:5.2f}x PgQueuer (issue 27: >= 1.0x, {_verdict(ratio, 1.0)})"
+            line += f"   {ratio:5.2f}x PgQueuer (next target: >= 1.0x, {_verdict(ratio, 1.0)})"
         out(line)
     row = rates["row + kick(), atomic"]
     out(f"  in one atomic() each: row + kick() {row / atomic:5.2f}x their task enqueued in one atomic()")
@@ -53,8 +53,8 @@ def _drain(drains: dict[str, float]) -> None:
     fabrika, theirs, pgqueuer = drains["fabrika"], drains["db"], drains["pgqueuer"]
     out(
         f"  fabrika                  {fabrika:8.0f} /s   {fabrika / theirs:5.2f}x django-tasks-db   (target >= 5x; "
-        f"issue 27 too, {_verdict(fabrika / theirs, 5.0)})   {fabrika / pgqueuer:5.2f}x PgQueuer "
-        f"(issue 27: >= 0.5x, {_verdict(fabrika / pgqueuer, 0.5)})"
+        f"the next target too, {_verdict(fabrika / theirs, 5.0)})   {fabrika / pgqueuer:5.2f}x PgQueuer "
+        f"(next target: >= 0.5x, {_verdict(fabrika / pgqueuer, 0.5)})"
     )
     out(f"  django-tasks-db          {theirs:8.0f} /s")
     out(f"  PgQueuer, batch 10       {pgqueuer:8.0f} /s")
@@ -75,8 +75,8 @@ def _latency(latencies: dict[str, list[float]]) -> None:
     (p50, _p95, p99), peer_p50 = figures["fabrika"], figures["pgqueuer"][0]
     behind, spread = p50 / peer_p50, p99 / p50
     out(
-        f"  fabrika / PgQueuer p50: {behind:.2f}x (issue 27: <= 1.0x, {_verdict(behind, 1.0, at_most=True)});"
-        f"  fabrika p99 / p50: {spread:.1f}x (issue 27: <= 3x, {_verdict(spread, 3.0, at_most=True)})"
+        f"  fabrika / PgQueuer p50: {behind:.2f}x (next target: <= 1.0x, {_verdict(behind, 1.0, at_most=True)});"
+        f"  fabrika p99 / p50: {spread:.1f}x (next target: <= 3x, {_verdict(spread, 3.0, at_most=True)})"
     )
 
 

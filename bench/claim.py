@@ -5,7 +5,7 @@ Patterns, each from a freshly filled table of ``--rows`` due rows (see bench/REA
   batch    claim 500, finish them all in one transaction (finish_all: one UPDATE)
 On PostgreSQL each is measured five ways (per_row six): "pgbench" (the same SQL from C, the database's own limit),
 "pgbench_fenced" (the same, each finishing transaction's BEGIN carrying the fence's lock and token check as the
-job way's does: the job way's own limit), "pgbench_prepared" (per_row only, the limit issue 27 names: ``-M
+job way's does: the job way's own limit), "pgbench_prepared" (per_row only, the one-statement limit: ``-M
 prepared``, the claim and its lease in one statement, then each row's finish one autocommit statement, ``UPDATE ...
 WHERE id AND version``: the finish as one round trip), "psycopg" (plain psycopg 3), "direct" (our claim/finish inside an
 active run, a plain transaction.atomic() per finish), and "job" (a registered @cron job run by
@@ -35,7 +35,7 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/fabrika_bench"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/fabrika_bench_claim"
 WAYS = ("pgbench", "pgbench_fenced", "pgbench_prepared", "psycopg", "direct", "job")
 LIMIT_WAYS = ("pgbench", "pgbench_fenced", "pgbench_prepared")  # run by pgbench, not by a Python child
-PER_ROW_ONLY = ("pgbench_prepared",)  # issue 27's limit is of the per-row recipe
+PER_ROW_ONLY = ("pgbench_prepared",)  # the one-statement limit is of the per-row recipe
 MARIADB_WAYS = ("mysqlclient", "direct", "job")
 PATTERNS = {"per_row": 50, "batch": 500}  # claim limit of each pattern
 TABLE = "lab_item"
@@ -620,9 +620,9 @@ def _pgbench_script(pattern: str, fence: tuple[int, str] | None = None) -> str:
 
 
 def _pgbench_one_statement_script() -> str:
-    """The per_row limit issue 27 names, as one pgbench transaction: the claim of 50 and their lease in one
-    autocommit statement (the locking read in a WITH, as fabrika's own claim on PostgreSQL), then each row's
-    finish as one autocommit ``UPDATE ... WHERE id AND version`` (no BEGIN, no COMMIT: one round trip a row).
+    """The per_row limit with each finish one statement, as one pgbench transaction: the claim of 50 and their
+    lease in one autocommit statement (the locking read in a WITH, as fabrika's own claim on PostgreSQL), then each
+    row's finish as one autocommit ``UPDATE ... WHERE id AND version`` (no BEGIN, no COMMIT: one round trip a row).
     Run with ``-M prepared``: each statement is parsed once, its values sent as parameters."""
     limit = PATTERNS["per_row"]
     claimed = _CLAIMED.format(limit=limit).replace(", due, version", "")
@@ -779,7 +779,7 @@ def _report(runs: dict, args, database: str) -> None:
             continue
         # The job way sends the fence's statements too: pgbench_fenced is "the same statements" for it, and
         # the plain pgbench (which the direct way matches) is printed beside it, so neither ratio is hidden.
-        # Issue 27's per-row target is 60 % of pgbench_prepared (each finish one statement) for both ways.
+        # The next per-row target is 60 % of pgbench_prepared (each finish one statement) for both ways.
         for way, limits in (
             ("direct", (limit_way, "pgbench_prepared")),
             ("job", (limit_way, "pgbench_fenced", "pgbench_prepared")),
@@ -790,7 +790,7 @@ def _report(runs: dict, args, database: str) -> None:
                 if limit and figures:
                     ratio = figures["rows_per_s"] / limit
                     verdict = "meets" if ratio >= target else "MISSES"
-                    named = " (issue 27)" if against == "pgbench_prepared" else ""
+                    named = " (next target)" if against == "pgbench_prepared" else ""
                     print(
                         f"{database} {pattern} {way}: {ratio:.0%} of {against}, {verdict} the target of {target:.0%}"
                         + named

@@ -22,7 +22,8 @@ from django.utils.translation import gettext_lazy as _
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import _SQLType
+
+    from ._sql import SQLParam
 
 DEFAULT_MAX_ATTEMPTS = 10
 
@@ -99,12 +100,12 @@ def row_state_at(row: Any, now: datetime) -> str:
 
 def state_sql(
     model: type[models.Model], state: str, now: datetime | None, connection: BaseDatabaseWrapper
-) -> tuple[str, list[_SQLType]]:
+) -> tuple[str, list[SQLParam]]:
     """Return ``state_q`` as SQL on ``model``'s table (unqualified column names), and its parameters."""
     return q_sql(model, state_q(model, state, now), connection)
 
 
-def q_sql(model: type[models.Model], condition: Q, connection: BaseDatabaseWrapper) -> tuple[str, list[_SQLType]]:
+def q_sql(model: type[models.Model], condition: Q, connection: BaseDatabaseWrapper) -> tuple[str, list[SQLParam]]:
     """Return a condition on ``model``'s table as SQL (unqualified column names), and its parameters."""
     query = Query(model, alias_cols=False)
     where = query.build_where(condition)

@@ -23,9 +23,9 @@ from .jobs import task_job_name
 from .kicks import kick
 
 if TYPE_CHECKING:
-    from django.db.backends.utils import _SQLType
     from django.db.models import Field
 
+    from ._sql import SQLParam
     from .models import QueuedTask
 
 #: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
@@ -76,7 +76,7 @@ def _insert_and_kick(row: QueuedTask, job: str) -> None:
         return
     with_kick = not kicked_in_transaction(job, alias)
     sql, fields = _insert_sql(alias, with_kick)
-    params: dict[str, _SQLType] = {
+    params: dict[str, SQLParam] = {
         f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
     }
     params.update(name=job, channel=CHANNEL)

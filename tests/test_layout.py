@@ -435,10 +435,10 @@ _PRIVATE_IMPORTS_KNOWN = {
     # The queue model's row writes and clock live with the manager's (queues.py), to be given a home of their own.
     "models/_queue.py": {"_now", "_refuse_own_fields", "_update_row"},
     "models/_tasks.py": {"_now"},
-    # The tasks' claim, read by the tasks' run (being rewritten with the claim).
-    "_runs/tasks.py": {"_claim"},
-    # django-stubs' type of a statement's parameter, which Django's own cursor takes (a type only).
-    "_sql/prepared.py": {"_SQLType"},
+    # django-stubs' type of a statement's parameter, which Django's own cursor takes (a type only), named once.
+    "_sql/__init__.py": {"_SQLType"},
+    # sqlparse's type of a token's kind, which its lexer answers (a type only).
+    "guards.py": {"_TokenType"},
 }
 
 

@@ -16,9 +16,9 @@ from ..exceptions import LeaseLost
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import _SQLType
     from django.db.models import QuerySet
 
+    from .._sql import SQLParam
     from ..models._tables import Lease
 
 logger = logging.getLogger("fabrika_django.runner")
@@ -95,7 +95,7 @@ class LeaseFence:
                 held = cursor.fetchone() is not None
         return held
 
-    def _statement(self, connection: BaseDatabaseWrapper) -> tuple[str, list[_SQLType]]:
+    def _statement(self, connection: BaseDatabaseWrapper) -> tuple[str, list[SQLParam]]:
         """Return the fence's statement (``_sql.fence.hold_lease``) and its parameters: the lease row's id, token.
 
         On PostgreSQL that is the token check alone, which runs after the lock (``_begin_with``).

@@ -21,8 +21,9 @@ from .rows import lanes_of, lease_active
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import _SQLType
     from django.db.models import Field
+
+    from .._sql import SQLParam
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -246,7 +247,7 @@ class KickWait:
         return first_attempt_started(self.job, self.holder, kicked)
 
 
-def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[_SQLType]]:
+def attempt_hours_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[SQLParam]]:
     """PostgreSQL's one statement of an hour's fold (``_history``; bench/overview.py explains it).
 
     Per job, hour (UTC) of the start, outcome and duration bucket (``_digest.bucket_sql``; null while running) of

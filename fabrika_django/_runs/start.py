@@ -27,7 +27,7 @@ from .pending import take_kicks
 from .rows import Started, expires_in, lanes_of, lock_job
 
 if TYPE_CHECKING:
-    from django.db.backends.utils import _SQLType
+    from .._sql import SQLParam
 
 logger = logging.getLogger("fabrika_django.runner")
 
@@ -53,7 +53,7 @@ class Start:
     token: uuid.UUID = field(default_factory=uuid.uuid4)
     run_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
-    def params(self) -> dict[str, _SQLType]:
+    def params(self) -> dict[str, SQLParam]:
         """The named parameters of ``free_lease_start_sql``."""
         return {
             "name": self.job,

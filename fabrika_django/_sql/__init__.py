@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import _SQLType
 
+    #: A statement's parameter as Django's cursor takes it (django-stubs' own type; a type only).
+    SQLParam = _SQLType
+
 _F = TypeVar("_F", bound=Callable[..., object])
 
 #: Stands for "now" while a statement is compiled once (``Compiled``): no real instant is ever this one.
@@ -73,20 +76,20 @@ class Compiled:
     found exactly once: a statement whose "now" cannot be swapped must be compiled each time.
     """
 
-    def __init__(self, sql: str, params: Sequence[_SQLType], sample: object) -> None:
+    def __init__(self, sql: str, params: Sequence[SQLParam], sample: object) -> None:
         self.sql = sql
         self.params = list(params)
         self.at = [index for index, value in enumerate(self.params) if type(value) is type(sample) and value == sample]
         self.usable = len(self.at) == 1
 
-    def bind(self, now: _SQLType) -> list[_SQLType]:
+    def bind(self, now: SQLParam) -> list[SQLParam]:
         """The parameters with ``now`` (as the database takes it) in the sample's place."""
         values = list(self.params)
         for index in self.at:
             values[index] = now
         return values
 
-    def named(self) -> tuple[str, dict[str, _SQLType]]:
+    def named(self) -> tuple[str, dict[str, SQLParam]]:
         """The SQL with ``%(now)s`` in the sample's place and ``%(pN)s`` for the rest; the fixed values by name.
 
         For a statement built of named parameters (``%(name)s``) around this condition.

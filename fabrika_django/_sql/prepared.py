@@ -20,9 +20,11 @@ from . import cache, cache_dict
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import CursorWrapper, _SQLType
+    from django.db.backends.utils import CursorWrapper
 
-    _Params = Sequence[_SQLType] | Mapping[str, _SQLType]  # what Django's cursor takes, None aside
+    from . import SQLParam
+
+    _Params = Sequence[SQLParam] | Mapping[str, SQLParam]  # what Django's cursor takes, None aside
 
 # For each psycopg connection, the names of the statements it prepared. Behind a pooler the server session
 # under a connection changes, so this is a hint only: a statement found missing is prepared again.
@@ -81,7 +83,7 @@ def _execute_prepared(connection: BaseDatabaseWrapper, cursor: CursorWrapper, sq
     cursor.execute(sql, params)
 
 
-def _try(cursor: CursorWrapper, sql: str, params: Sequence[_SQLType], *, ok: tuple[str, ...]) -> bool:
+def _try(cursor: CursorWrapper, sql: str, params: Sequence[SQLParam], *, ok: tuple[str, ...]) -> bool:
     """Execute; False when the database refused with one of the ``ok`` states (anything else raises)."""
     try:
         cursor.execute(sql, params)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import _SQLType
     from django.db.models import Model
+
+    from . import SQLParam
 
 
 def write_lock(quoted_table: str, quoted_column: str) -> str:
@@ -20,7 +21,7 @@ def write_lock(quoted_table: str, quoted_column: str) -> str:
     return f"UPDATE {quoted_table} SET {quoted_column} = {quoted_column} WHERE 1 = 0"  # noqa: S608  quoted names
 
 
-def pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[_SQLType]) -> tuple[str, list[_SQLType]]:
+def pks_in(connection: BaseDatabaseWrapper, column: str, pks: list[SQLParam]) -> tuple[str, list[SQLParam]]:
     """``column`` in ``pks`` as SQL and parameters."""
     if connection.vendor == "postgresql":
         # One array parameter, not a placeholder a row: psycopg's client-side binding parses a statement of
@@ -62,7 +63,7 @@ def returning(sql: str, column: str) -> str:
     return f"{sql} RETURNING {column}"
 
 
-def db_pks(model: type[Model], connection: BaseDatabaseWrapper, pks: list[_SQLType]) -> list[_SQLType]:
+def db_pks(model: type[Model], connection: BaseDatabaseWrapper, pks: list[SQLParam]) -> list[SQLParam]:
     """``pks`` as the database takes and answers them (integers as they are)."""
     from django.db import models
 

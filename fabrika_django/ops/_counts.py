@@ -22,7 +22,7 @@ from .._sql import ops as ops_sql
 from ..models import QueueModel
 
 if TYPE_CHECKING:
-    from django.db.backends.utils import _SQLType
+    from .._sql import SQLParam
 
 
 @dataclass
@@ -47,7 +47,7 @@ def queue_models() -> list[type[models.Model]]:
 
 def count_sql(
     model: type[models.Model], now: datetime, using: str, cap: int | None, *, done: bool = True
-) -> tuple[str, list[_SQLType]]:
+) -> tuple[str, list[SQLParam]]:
     """Return the one statement that counts a queue table's states, and its parameters.
 
     The outer query reads only waiting or dead rows, written as the predicates of the table's two partial
@@ -68,7 +68,7 @@ def count_sql(
 @cache(maxsize=256)
 def _count_template(
     model: type[models.Model], using: str, cap: int | None, done: bool
-) -> tuple[str, list[_SQLType], frozenset[int]]:
+) -> tuple[str, list[SQLParam], frozenset[int]]:
     """``count_sql``'s statement and parameters, and which parameters are the moment ``now``.
 
     Compiled at two moments: the parameters that differ are the moment's (the statement is the same).
@@ -82,7 +82,7 @@ def _count_template(
 
 def _compile_count(
     model: type[models.Model], now: datetime, using: str, cap: int | None, *, done: bool = True
-) -> tuple[str, list[_SQLType]]:
+) -> tuple[str, list[SQLParam]]:
     """Compile ``count_sql``'s statement for ``now`` (the states' ``Q`` through the ORM's compiler)."""
     connection = connections[using]
     quote = connection.ops.quote_name

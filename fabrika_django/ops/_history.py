@@ -26,7 +26,8 @@ from . import _counts
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import _SQLType
+
+    from .._sql import SQLParam
 
 HOURS = 24
 
@@ -166,7 +167,7 @@ def _grouped_attempts(since: datetime, until: datetime) -> Iterator[tuple[str, d
         yield job, hour, outcome, bucket, count
 
 
-def hourly_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[_SQLType]]:
+def hourly_sql(connection: BaseDatabaseWrapper, since: datetime, until: datetime) -> tuple[str, list[SQLParam]]:
     """PostgreSQL's statement of an hour's fold (``_sql.runs`` writes it; bench/overview.py explains it)."""
     return run_reads.attempt_hours_sql(connection, since, until)
 
