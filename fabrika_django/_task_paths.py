@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+import uuid
+from datetime import datetime
+from typing import Protocol
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -22,8 +24,17 @@ from django.utils.module_loading import import_string
 
 from ._tasks_compat import Task
 
-if TYPE_CHECKING:
-    from .models import QueuedTask
+
+class _TaskRow(Protocol):
+    """What ``task_of`` reads of a task's row (``models.QueuedTask``, which sits above this module)."""
+
+    task_path: str
+    result_id: uuid.UUID
+    priority: int
+    queue_name: str
+    backend: str
+    run_after: datetime | None
+
 
 #: The failure code of a row whose path names no task this project has.
 NOT_REGISTERED = "task_not_registered"
@@ -41,7 +52,7 @@ class TaskNotRegistered(SuspiciousOperation):
     code = NOT_REGISTERED
 
 
-def task_of(row: QueuedTask) -> Task:
+def task_of(row: _TaskRow) -> Task:
     """Import the row's task by path, with the priority, queue, backend and run_after it was enqueued with."""
     path = str(row.task_path)
     if not _may_import(path):

@@ -5,28 +5,27 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models, router, transaction
 from django.db.models import F, Q
 from django.db.models.sql import UpdateQuery
-from django.utils import timezone
 
 # Re-exported: projects and checks know them from here.
 from ._queuestate import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from ._queuestate import max_attempts_of as max_attempts_of
 from ._queuestate import state_q
+from ._row_writes import prepared, refuse_own_fields, run_now, writable_field
 from ._running import active_run
 
 # Up a floor, into the run machinery's folder: claim() is the queryset's verb, and its pipeline lives with
 # the runs it serves (_runs/claim.py imports only fabrika's own tables, never this module's importers).
 from ._runs import claim as run_claim
-from ._sql import cache_dict, quoted
+from ._sql import quoted
 from ._sql import rows as row_sql
 from ._sql.rows import db_pks
 from .exceptions import ClaimInsideTransaction, ClaimOutsideJob
@@ -39,16 +38,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_CLAIM = 500
-# The fields the framework writes itself: finish() clears due, requeue() resets attempts, every write bumps version.
-_OWN_FIELDS = frozenset({"attempts", "due", "version"})
 
 _M = TypeVar("_M", bound=models.Model)
-
-
-def _now() -> datetime:
-    """Return the active run's clock (a test's fixed one), or the wall clock outside a run."""
-    run = active_run()
-    return run.now() if run is not None else timezone.now()
 
 
 class QueueQuerySet(models.QuerySet[_M]):
@@ -67,7 +58,7 @@ class QueueQuerySet(models.QuerySet[_M]):
 
     def due_now(self, now: datetime | None = None) -> QueueQuerySet[_M]:
         """Narrow to waiting rows whose ``due`` has come (by ``now``, the run's clock by default)."""
-        return self.filter(state_q(self.model, "due_now", now or _now()))
+        return self.filter(state_q(self.model, "due_now", now or run_now()))
 
     def dead(self) -> QueueQuerySet[_M]:
         """Narrow to rows that reached ``max_attempts``: never claimed again, kept for a person to requeue."""
@@ -138,7 +129,7 @@ class QueueQuerySet(models.QuerySet[_M]):
         UPDATE, in one transaction). Call it inside ``ctx.transaction()``, as ``finish()``.
         """
         batch = list(rows)
-        _refuse_own_fields("finish_all", values)
+        refuse_own_fields("finish_all", values)
         _refuse_bad_batch(self.model, batch)
         if not batch:
             return []
@@ -194,15 +185,6 @@ def _refuse_bad_claim(limit: object, where: object) -> ActiveRun:
     return run
 
 
-def _refuse_own_fields(method: str, values: Mapping[str, object]) -> None:
-    clash = _OWN_FIELDS.intersection(values)
-    if clash:
-        raise TypeError(
-            f"{method}() sets {', '.join(sorted(clash))} itself: pass only your own fields, "
-            "or use requeue(at=...) to make a row due again."
-        )
-
-
 def _refuse_bad_batch(model: type[models.Model], batch: Sequence[object]) -> None:
     seen = set()
     for row in batch:
@@ -224,42 +206,6 @@ def _is_plain(rows: QueueQuerySet[Any]) -> bool:
     ``QueueQuerySet`` declares it (``due_now`` and ``_claim_query`` not overridden): then its read compiled once
     is the one it would compile each time."""
     return type(rows).due_now is QueueQuerySet.due_now and type(rows)._claim_query is QueueQuerySet._claim_query
-
-
-def _update_row(model: type[models.Model], using: str, pk: Any, version: int, values: dict[str, Any]) -> bool:
-    """Write ``values`` and the next version to the row if its version is still ``version``: one UPDATE."""
-    connection = connections[using]
-    built = _row_update(model, connection, tuple(values))
-    if built is None or any(hasattr(value, "resolve_expression") for value in values.values()):
-        mine = model._base_manager.using(using).filter(pk=pk, version=version)
-        return bool(mine.update(**values, version=version + 1))
-    sql, fields = built
-    params = [_prepared(field, value, connection) for field, value in zip(fields, values.values(), strict=True)]
-    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
-        cursor.execute(sql, [*params, version + 1, *db_pks(model, connection, [pk]), version])
-        return cursor.rowcount == 1
-
-
-# A finish's UPDATE by (model, field names, vendor): the same few statements come back for every row, and
-# looking up and quoting their fields cost as much Python as the rest of a finishing transaction.
-_ROW_UPDATES: dict[tuple[Any, ...], tuple[str, list[Any]] | None] = cache_dict()
-
-
-def _row_update(
-    model: type[models.Model], connection: BaseDatabaseWrapper, names: tuple[str, ...]
-) -> tuple[str, list[Any]] | None:
-    """Return ``_update_row``'s statement for ``names`` and their fields, or None where the ORM must write."""
-    key = (model, names, connection.vendor)
-    if key not in _ROW_UPDATES:
-        fields = [_writable_field(model, name) for name in names]
-        if any(field is None for field in fields):
-            _ROW_UPDATES[key] = None
-        else:
-            parts = [f"{connection.ops.quote_name(field.column)} = %s" for field in fields]
-            table, version_c, pk_c = quoted(connection, model, "version", "pk")
-            sql = row_sql.row_update(table, parts, version_c, pk_c)
-            _ROW_UPDATES[key] = (sql, fields)
-    return _ROW_UPDATES[key]
 
 
 def _update_versioned(model: type[models.Model], using: str, rows: list[Any], values: dict[str, Any]) -> set[Any]:
@@ -321,31 +267,12 @@ def _assignments(
     """Return ``column = %s`` parts and their prepared values, or None where the ORM must write (see above)."""
     parts, params = [], []
     for name, value in values.items():
-        field = _writable_field(model, name)
+        field = writable_field(model, name)
         if field is None or hasattr(value, "resolve_expression"):
             return None
         parts.append(f"{connection.ops.quote_name(field.column)} = %s")
-        params.append(_prepared(field, value, connection))
+        params.append(prepared(field, value, connection))
     return parts, params
-
-
-def _writable_field(model: type[models.Model], name: str) -> Any:
-    """Return the model's field ``name`` if a plain ``column = %s`` writes it, else None (the ORM must)."""
-    opts = model._meta
-    try:
-        field: Any = opts.get_field(name)
-    except FieldDoesNotExist:
-        return None
-    if not field.concrete or field.many_to_many or field.model._meta.concrete_model is not opts.concrete_model:
-        return None
-    return field
-
-
-def _prepared(field: Any, value: Any, connection: BaseDatabaseWrapper) -> Any:
-    """Return ``value`` as the database takes it for ``field`` (a model instance as its key)."""
-    if value is not None and field.remote_field and hasattr(value, "prepare_database_save"):
-        value = value.prepare_database_save(field)
-    return field.get_db_prep_save(value, connection)
 
 
 def _locked_for_update(rows: models.QuerySet[Any], connection: BaseDatabaseWrapper) -> models.QuerySet[Any]:

@@ -432,9 +432,6 @@ def test_outcomes_are_written_as_the_outcome_choices_not_as_strings():
 _PRIVATE_IMPORTS_KNOWN = {
     # The migrations name the outcome field's choices by this function, through the package.
     "models/__init__.py": {"_outcome_choices"},
-    # The queue model's row writes and clock live with the manager's (queues.py), to be given a home of their own.
-    "models/_queue.py": {"_now", "_refuse_own_fields", "_update_row"},
-    "models/_tasks.py": {"_now"},
     # django-stubs' type of a statement's parameter, which Django's own cursor takes (a type only), named once.
     "_sql/__init__.py": {"_SQLType"},
     # sqlparse's type of a token's kind, which its lexer answers (a type only).

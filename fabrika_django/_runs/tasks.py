@@ -206,9 +206,11 @@ def _record(ctx: Any, row: Any, **values: Any) -> bool:
     again (a new version) before it touches it, so a stale attempt's write then matches nothing; before
     that, what it writes is the truth about the attempt it made. Starting a task is fenced (``_start``).
     """
+    from ..models._queue import write_versioned
+
     with framework_write():
         try:
-            row._write_versioned(values)
+            write_versioned(row, values)
         except VersionConflict:
             logger.warning("Task changed since it was claimed task=%s code=version_conflict", row.result_id)
             return False

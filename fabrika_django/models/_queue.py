@@ -13,8 +13,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .._queuestate import DEFAULT_MAX_ATTEMPTS, max_attempts_of, row_state, state_q
+from .._row_writes import refuse_own_fields, run_now, update_row
 from ..exceptions import VersionConflict
-from ..queues import QueueManager, _now, _refuse_own_fields, _update_row
+from ..queues import QueueManager
 
 FAILURE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")  # matched whole (fullmatch): "send\n" is not a code
 
@@ -50,19 +51,19 @@ class QueueModel(models.Model):
     @property
     def is_due_now(self) -> bool:
         """Return whether the row is waiting and its time has come (by the run's clock inside a run)."""
-        return row_state(self) == "waiting" and self.due is not None and self.due <= _now()
+        return row_state(self) == "waiting" and self.due is not None and self.due <= run_now()
 
     def finish(self, **values: object) -> None:
         """Write ``values``, mark the row done and bump its version, if it is unchanged since it was read."""
-        _refuse_own_fields("finish", values)
-        self._write_versioned(dict(values, due=None))
+        refuse_own_fields("finish", values)
+        write_versioned(self, dict(values, due=None))
 
     def requeue(self, at: datetime | None = None) -> None:
         """Make the row due again at ``at`` (now by default) with no attempts, if it is unchanged.
 
         "Now" is the run's clock inside a job run (a test's fixed one), the wall clock elsewhere (the admin).
         """
-        self._write_versioned({"due": at if at is not None else _now(), "attempts": 0})
+        write_versioned(self, {"due": at if at is not None else run_now(), "attempts": 0})
 
     def record_failure(self, code: str, *, give_up: bool = False) -> None:
         """Keep a fixed step code (``[a-z0-9_.-]``, at most 64) in ``last_failure``; never an error message.
@@ -79,7 +80,7 @@ class QueueModel(models.Model):
         values: dict[str, object] = {"last_failure": code}
         if give_up:
             values["attempts"] = max(self.attempts, max_attempts_of(type(self)))
-        self._write_versioned(values)
+        write_versioned(self, values)
 
     def remove(self) -> None:
         """Delete the row, if it is unchanged since it was read."""
@@ -95,20 +96,22 @@ class QueueModel(models.Model):
         if not deleted:
             raise self._conflict()
 
-    def _write_versioned(self, values: dict[str, object]) -> None:
-        """Write ``values`` and the next version in one UPDATE conditioned on the version read."""
-        using = self._state.db or router.db_for_write(type(self), instance=self)
-        if not _update_row(type(self), using, self.pk, self.version, values):
-            raise self._conflict()
-        for name, value in values.items():
-            setattr(self, name, value)
-        self.version += 1
-
     def _conflict(self) -> VersionConflict:
         return VersionConflict(
             f"{self._meta.label} {self.pk} changed since it was read (version {self.version}): nothing was written. "
             "Re-read it with select_for_update() inside ctx.transaction() and decide again."
         )
+
+
+def write_versioned(row: QueueModel, values: dict[str, object]) -> None:
+    """Write ``values`` and the next version to ``row`` in one UPDATE conditioned on the version it was read
+    with, and mirror them on the object; ``VersionConflict`` if it changed since (nothing written)."""
+    using = row._state.db or router.db_for_write(type(row), instance=row)
+    if not update_row(type(row), using, row.pk, row.version, values):
+        raise row._conflict()
+    for name, value in values.items():
+        setattr(row, name, value)
+    row.version += 1
 
 
 @receiver(class_prepared)

@@ -12,12 +12,13 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .._queuestate import waiting_q
+from .._row_writes import run_now
 from ..jobs import registry, task_job_name
 
 # Up a floor: a requeued task kicks its queue's job (kicks.py writes fabrika's own tables, in this folder).
 from ..kicks import kick
-from ..queues import QueueManager, QueueQuerySet, _now
-from ._queue import QueueModel
+from ..queues import QueueManager, QueueQuerySet
+from ._queue import QueueModel, write_versioned
 
 if TYPE_CHECKING:
     from ..queues import run_claim  # the claim's types, through the queryset's own module: no arrow up
@@ -132,14 +133,15 @@ class QueuedTask(QueueModel):
 
     def requeue(self, at: datetime | None = None) -> None:
         """Make the task READY again at ``at`` (now by default) with no attempts, and kick its job on commit."""
-        self._write_versioned(
+        write_versioned(
+            self,
             {
-                "due": at if at is not None else _now(),
+                "due": at if at is not None else run_now(),
                 "attempts": 0,
                 "status": TaskStatus.READY,
                 "finished_at": None,
                 "last_failure": "",
-            }
+            },
         )
         name = task_job_name(self.backend, self.queue_name)
         if name in registry:  # a backend or queue since removed from TASKS has no job to kick
