@@ -268,9 +268,9 @@ def _plain_claims(monkeypatch):
     told = []
     claim = queues.run_claim.claim
 
-    def spy(rows, using, run, where, limit, *, plain):
-        told.append(plain)
-        return claim(rows, using, run, where, limit, plain=plain)
+    def spy(of, using, run, where, limit):
+        told.append(of.plain)
+        return claim(of, using, run, where, limit)
 
     monkeypatch.setattr(queues.run_claim, "claim", spy)
     return told
