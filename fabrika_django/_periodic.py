@@ -66,10 +66,13 @@ def job_name(alias: str, name: str) -> str:
     return f"tasks.{alias}.periodic.{name}"
 
 
-def register(alias: str, periodic: object) -> None:
-    """Register the job of each good entry of ``OPTIONS["periodic"]`` (the system checks report the others)."""
-    for entry in entries(alias, periodic):
+def register(alias: str, periodic: object) -> list[Entry]:
+    """Register the job of each good entry of ``OPTIONS["periodic"]`` (the system checks report the others), and
+    return those entries."""
+    found = entries(alias, periodic)
+    for entry in found:
         cron(entry.schedule, name=entry.job_name, retries=2)(_handler(entry))
+    return found
 
 
 def entries(alias: str, periodic: object) -> list[Entry]:

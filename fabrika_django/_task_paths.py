@@ -1,26 +1,28 @@
-"""Which function a task row names, found without letting the row choose the worker's code.
+"""The registry of the project's tasks: which function a task row names, found without importing anything.
 
 A row is data: whoever can write one (a bug, an SQL injection elsewhere, a restored backup) must not make the
-worker import a module of their choosing, whose import alone may run code. So a row's ``task_path`` is imported
-only from the project's own code, the packages of its installed apps and of its settings module, or from a
-module the worker has imported already; any other path is refused before anything is imported (an
-``ImportError``: the worker will not import it), and a path that is no ``@task`` function is refused after (a
-``SuspiciousOperation``, as Django's database backend raises). Both fail the attempt with the code
-``task_not_registered``.
+worker import a module of their choosing, whose import alone may run code. So a row's ``task_path`` is only looked
+up, never imported: among the tasks a fabrika backend validated in this process. Django validates each task it
+makes (``Task.__post_init__`` calls its backend's ``validate_task()``, also for ``using()``'s copies), so a
+task is registered when the module that defines it is imported: an installed app's ``tasks`` module, which the
+worker imports before it claims (``discover``), a module imported at start-up (from ``AppConfig.ready()``, a
+periodic entry's), or a test module. A path that is no registered task fails the attempt with the code
+``task_not_registered``, and nothing is imported.
+
+The registry is by path, not by backend alias: a task declared for one fabrika backend runs for a row of another
+(``task.using(backend="other").enqueue()``), with the row's backend. A task whose ``@task`` names a backend that is
+not fabrika's is validated by that backend, so it is not registered here: declare it for a fabrika backend.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from datetime import datetime
 from typing import Protocol
 
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.core.exceptions import SuspiciousOperation
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules
 
 from ._tasks_compat import Task
 
@@ -39,45 +41,54 @@ class _TaskRow(Protocol):
 #: The failure code of a row whose path names no task this project has.
 NOT_REGISTERED = "task_not_registered"
 
-
-class TaskOutsideProject(ImportError):
-    """A row's task path names a module outside the project's code, which the worker does not import."""
-
-    code = NOT_REGISTERED
+#: Each task a fabrika backend validated in this process, by its path (``Task.module_path``). Not reset by a
+#: settings change, as caches are: a task is made once, when its module is imported, and never again.
+_REGISTERED: dict[str, Task] = {}
+#: The installed apps whose ``tasks`` modules ``discover`` imported last (None: not yet).
+_discovered_apps: tuple[str, ...] | None = None
 
 
 class TaskNotRegistered(SuspiciousOperation):
-    """A row's task path names something that is no ``@task`` function."""
+    """A row's task path names no registered task (a ``SuspiciousOperation``, as Django's database backend raises
+    for a row whose path is no task)."""
 
     code = NOT_REGISTERED
 
 
+def register(task: Task) -> None:
+    """Record a task a fabrika backend validated, under its path.
+
+    The first task of a function stays: ``using()``'s copies (the same function) do not replace it, so a copy's
+    ``run_after`` never becomes the task's. A function defined again (a module reloaded) replaces its old one.
+    """
+    known = _REGISTERED.get(task.module_path)
+    if known is None or known.func is not task.func:
+        _REGISTERED[task.module_path] = task
+
+
+def discover() -> None:
+    """Import each installed app's ``tasks`` module, so the tasks they define are registered.
+
+    Django's ``autodiscover_modules``, as the admin's ``admin`` modules and Celery's and django-tasks' ``tasks``
+    modules are found. Once per set of installed apps (an app added by a settings change is looked into); an app
+    without a ``tasks`` module is passed over, one whose ``tasks`` module raises raises here.
+    """
+    global _discovered_apps
+    installed = tuple(app_config.name for app_config in apps.get_app_configs())
+    if installed == _discovered_apps:
+        return
+    autodiscover_modules("tasks")
+    _discovered_apps = installed
+
+
 def task_of(row: _TaskRow) -> Task:
-    """Import the row's task by path, with the priority, queue, backend and run_after it was enqueued with."""
+    """Return the registered task the row names, with the priority, queue, backend and run_after it was enqueued
+    with; a path that is no registered task raises ``TaskNotRegistered``, nothing imported."""
     path = str(row.task_path)
-    if not _may_import(path):
-        raise TaskOutsideProject(
-            f"Task {row.result_id} names a function outside the project's installed apps: nothing was imported."
+    task = _REGISTERED.get(path)
+    if task is None:
+        raise TaskNotRegistered(
+            f"Task {row.result_id} names {path!r}, which is no registered task, so nothing was imported: define "
+            "tasks in an installed app's tasks module, or in a module imported at start-up (AppConfig.ready())."
         )
-    task = import_string(path)
-    if not isinstance(task, Task):
-        raise TaskNotRegistered(f"Task {row.result_id} names {path!r}, which is not a @task function.")
     return task.using(priority=row.priority, queue_name=row.queue_name, backend=row.backend, run_after=row.run_after)
-
-
-def _may_import(path: str) -> bool:
-    module = path.rpartition(".")[0]
-    if not module:
-        return False
-    if module in sys.modules:
-        return True  # imported already: looking the name up imports nothing
-    return any(module == package or module.startswith(f"{package}.") for package in _project_packages())
-
-
-def _project_packages() -> list[str]:
-    packages = [app_config.name for app_config in apps.get_app_configs()]
-    # Under override_settings SETTINGS_MODULE reads None; the environment still names the module Django loaded.
-    settings_module = getattr(django_settings, "SETTINGS_MODULE", None) or os.environ.get("DJANGO_SETTINGS_MODULE")
-    if settings_module:
-        packages.append(settings_module.split(".", 1)[0])  # a project's own package: mysite.tasks
-    return packages

@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from . import _periodic, _tasks_checks
+from . import _task_paths as task_paths
 from . import _task_rows as task_rows
 from ._running import CLAIMS_AT_START
 from ._runs.task_claim import claim_at_start
@@ -84,6 +85,16 @@ class FabrikaBackend(BaseTaskBackend):
         self.worker_id = f"{socket.gethostname()[:40]}:{os.getpid()}"
         self._register_jobs()
 
+    def validate_task(self, task: Task) -> None:
+        """Django's checks of a task (``InvalidTask``), then register it: a worker runs only the tasks a fabrika
+        backend validated in its process, and looks a row's path up among them, importing nothing.
+
+        Django calls this for each task it makes (``Task.__post_init__``), so a task is registered when the module
+        that defines it is imported.
+        """
+        super().validate_task(task)
+        task_paths.register(task)
+
     def enqueue(self, task: Task, args: list[object], kwargs: dict[str, object]) -> TaskResult:
         """Insert the task's row in the current transaction and kick its queue's job when that commits."""
         _tasks_checks.require_installed(self.alias)
@@ -96,6 +107,7 @@ class FabrikaBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         """Read the task's row; raise ``TaskResultDoesNotExist`` for an id no task has."""
         _tasks_checks.require_installed(self.alias)
+        discover_tasks()  # a process that never imported the row's task (a web process reading a result)
         from .models import QueuedTask
 
         try:
@@ -106,6 +118,7 @@ class FabrikaBackend(BaseTaskBackend):
     async def aget_result(self, result_id: str) -> TaskResult:
         """See ``get_result()``."""
         _tasks_checks.require_installed(self.alias)
+        discover_tasks()
         from .models import QueuedTask
 
         try:
@@ -136,7 +149,8 @@ class FabrikaBackend(BaseTaskBackend):
                 CLAIMS_AT_START[name] = claim_at_start(self.alias, queue)  # a kicked run's first claim, in its start
             else:
                 CLAIMS_AT_START.pop(name, None)  # a claim in the start would pass the queue's token bucket
-        _periodic.register(self.alias, self.options.get("periodic", {}))
+        #: The paths of the tasks this backend's periodic entries enqueue (``discover_tasks`` imports them).
+        self.periodic_tasks = [entry.task for entry in _periodic.register(self.alias, self.options.get("periodic", {}))]
 
 
 class _JobOptions(TypedDict, total=False):
@@ -150,6 +164,9 @@ def _handler(alias: str, queue: str) -> Handler:
     """Return the function of one queue's job (defined in this module, so registering it again replaces it)."""
 
     def serve_tasks(ctx: JobContext) -> None:
+        # Every run of a queue's job passes here (a worker's, ``fabrika_job run``'s, ``run_tasks``'): the tasks it
+        # claims are looked up in a full registry.
+        discover_tasks()
         serve_queue(ctx, alias, queue)
 
     return serve_tasks
@@ -205,10 +222,29 @@ def _check_queue_name(alias: str, queue: object) -> None:
 
 def register_configured_backends() -> None:
     """Make the backends in ``settings.TASKS`` that are fabrika's, so their jobs are registered at start-up."""
+    _configured_backends()
+
+
+def discover_tasks() -> None:
+    """Register the project's tasks before a worker claims one, or a result is read: import each installed app's
+    ``tasks`` module (``autodiscover_modules``, once per set of installed apps), and each periodic entry's task
+    (a path the settings name: the project's own code). A row's path is never imported (``_task_paths``)."""
+    task_paths.discover()
+    for backend in _configured_backends():
+        for path in backend.periodic_tasks:
+            try:
+                import_string(path)
+            except ImportError:
+                continue  # fabrika.E042 says so, and the entry's job fails on it
+
+
+def _configured_backends() -> list[FabrikaBackend]:
+    """The backends in ``settings.TASKS`` that are fabrika's, each made once (its ``__init__`` registers its jobs)."""
     from django.conf import settings
 
     from ._tasks_compat import task_backends
 
+    found = []
     for alias, params in getattr(settings, "TASKS", {}).items():
         backend = params.get("BACKEND", "") if isinstance(params, dict) else ""
         try:
@@ -216,7 +252,10 @@ def register_configured_backends() -> None:
         except ImportError:
             continue  # Django's own check reports it
         if isinstance(backend_class, type) and issubclass(backend_class, FabrikaBackend):
-            task_backends[alias]  # noqa: B018  made once: its __init__ registers the jobs
+            made = task_backends[alias]
+            if isinstance(made, FabrikaBackend):  # it is: its class is
+                found.append(made)
+    return found
 
 
 __all__ = ["FabrikaBackend"]

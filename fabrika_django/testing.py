@@ -102,7 +102,8 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[TaskResu
     """Run every due task of ``backend``'s ``queue`` now, through the worker's path, and answer their results.
 
     The answer is a ``TaskResult`` per task the run took (ran, or gave up), in the order it took them, read
-    after the run; a task whose function does not import (its row FAILED with the ImportError) has none.
+    after the run; a row whose path is no registered task (failed with the code ``task_not_registered``) has
+    none. The run imports each installed app's ``tasks`` module first, as a worker's does.
     A task whose attempt failed is due again only after its backoff, so a second call does not retry it at
     once: make it due first (``QueuedTask.objects.filter(...).update(due=timezone.now())``).
     """
@@ -132,7 +133,7 @@ def run_tasks(queue: str = "default", backend: str = "default") -> list[TaskResu
     for row in taken.order_by("last_attempted_at", "pk"):
         try:
             results.append(result_of(row))
-        except Exception:  # its function no longer imports: no TaskResult can stand for it
+        except Exception:  # its path is no registered task: no TaskResult can stand for it
             continue
     return results
 

@@ -169,6 +169,8 @@ _REGISTRIES = {
     "_running.py": "CLAIMS_AT_START",
     # The sweep's last report, handed from its job's run to ``fabrika_job sweep-files`` in the same process.
     "ops/_sweep_job.py": "_last_reports",
+    # The tasks a fabrika backend validated, by path: made once, when their modules are imported, never again.
+    "_task_paths.py": "_REGISTERED",
 }
 _EMPTY_DICT_CALLS = {"dict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary", "OrderedDict"}
 

@@ -4,8 +4,10 @@ import io
 import json
 import os
 import signal
+import sys
 import tempfile
 from datetime import UTC, datetime, timedelta
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from fabrika_django._tasks_checks import check_tasks_periodic
 from fabrika_django._tasks_compat import task_backends
 from fabrika_django.jobs import registry
 from fabrika_django.models import Attempt, Job, KickRequest, QueuedTask
-from fabrika_django.testing import run_job
+from fabrika_django.testing import run_job, run_tasks
 
 from .workers import WorkerProcess, wait_until
 
@@ -75,6 +77,25 @@ def test_a_run_of_the_entry_s_job_enqueues_its_task_once_with_its_arguments_and_
         assert (row.task_path, row.args, row.kwargs, row.priority, row.status) == (MARK, ["tick"], {}, 7, "READY")
         assert run_job(JOB).ok  # a manual run of its own: one more task
         assert QueuedTask.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_entry_s_task_outside_a_tasks_module_is_registered_before_a_run_claims_it(tmp_path, monkeypatch):
+    """A worker that never ran the entry's job (another one did, and wrote the row) imports the task the settings
+    name before it claims: a row's path is only looked up among the registered tasks, never imported."""
+    task_import = "from django.tasks import task" if find_spec("django.tasks") else "from django_tasks import task"
+    (tmp_path / "fabrika_periodic_probe.py").write_text(f"{task_import}\n\n\n@task\ndef tick():\n    return 'ticked'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with _tasks({"tick": {"task": "fabrika_periodic_probe.tick", "schedule": "0 3 * * *"}}):
+            row = QueuedTask.objects.create(
+                task_path="fabrika_periodic_probe.tick", backend="default", queue_name="default"
+            )
+            assert "fabrika_periodic_probe" not in sys.modules
+            [ran] = run_tasks()
+    finally:
+        sys.modules.pop("fabrika_periodic_probe", None)
+    assert ran.id == str(row.result_id) and ran.return_value == "ticked"
 
 
 def test_the_checks_name_each_bad_entry_with_an_id_per_kind_of_mistake():

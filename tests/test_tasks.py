@@ -295,13 +295,14 @@ def test_another_backend_alias_gets_jobs_of_its_own():
         registry.unregister("tasks.bulk.default")
 
 
-def test_a_task_whose_function_no_longer_imports_fails_its_attempts_and_run_tasks_goes_on():
+def test_a_task_whose_function_is_gone_fails_its_attempts_as_not_registered_and_run_tasks_goes_on():
     gone = tasks.add.enqueue(1, 2)
     QueuedTask.objects.filter(result_id=gone.id).update(task_path="testproject.lab.tasks.removed")
     kept = tasks.add.enqueue(3, 4)
     assert [result.id for result in run_tasks()] == [kept.id]
     row = QueuedTask.objects.get(result_id=gone.id)
-    assert row.status == "READY" and [error["exception_class_path"] for error in row.errors] == ["builtins.ImportError"]
+    assert (row.status, row.last_failure) == ("READY", "task_not_registered")
+    assert [error["exception_class_path"] for error in row.errors] == ["django.core.exceptions.SuspiciousOperation"]
 
 
 def test_the_checks_report_fabrika_django_missing_from_installed_apps_once():

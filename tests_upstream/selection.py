@@ -97,6 +97,14 @@ EXPECTED_TO_FAIL: dict[str, str | tuple[str, set[str]]] = {
         "asserts the wording of the SuspiciousOperation for a row whose path is not a task: fabrika raises it too "
         "(the task's row id and path in other words)"
     ),
+    "DatabaseBackendTestCase.test_missing_task_path": (
+        "asserts an ImportError for a row whose path does not import: fabrika imports nothing a row names and raises "
+        "the SuspiciousOperation of a path that is no registered task (task_not_registered)"
+    ),
+    "DatabaseBackendWorkerTestCase.test_task_import_string": (
+        "asserts 'ImportError' in the traceback of a row whose path does not import: fabrika's worker imports "
+        "nothing a row names, and records a SuspiciousOperation (task_not_registered); the task FAILED holds"
+    ),
     "DatabaseBackendTestCase.test_database_backend_app_missing": (
         "asserts that the check's hint names django_tasks_db: fabrika's check (fabrika.E040) reports the same "
         "mistake and names fabrika_django"

@@ -12,6 +12,7 @@ from tests_upstream import aliases
 aliases.install()
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests_upstream"]
-# As their tests' settings: one backend, django_tasks_db's (here fabrika's, see aliases.py), its default queue.
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+# As their tests' settings: one backend, django_tasks_db's (here fabrika's, see aliases.py), its default queue; and
+# "emails", the queue of the task of testproject's outbox app (installed here), whose tasks module a worker imports.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default", "emails"]}}
 FABRIKA = {**FABRIKA, "STORE_ERROR_MESSAGES": True}

@@ -21,7 +21,7 @@ from django.core.exceptions import SuspiciousOperation
 from django.utils import timezone
 
 from .._running import active_run, framework_write, is_ctrl_c, outside_run
-from .._task_paths import TaskNotRegistered, TaskOutsideProject, task_of
+from .._task_paths import TaskNotRegistered, task_of
 from .._tasks_compat import (
     Task,
     TaskContext,
@@ -158,13 +158,11 @@ def _json(value: Any, row: Any) -> Any:
 _FAILURE_CODES: dict[type[BaseException], str] = {
     _ReturnValueNotJSON: _ReturnValueNotJSON.code,
     TaskNotRegistered: TaskNotRegistered.code,
-    TaskOutsideProject: TaskOutsideProject.code,
 }
 #: The class a failure of fabrika's own is recorded as: the one Django's errors name (``TaskError``).
 _RECORDED_AS: dict[type[BaseException], type[BaseException]] = {
     _ReturnValueNotJSON: TypeError,
     TaskNotRegistered: SuspiciousOperation,
-    TaskOutsideProject: ImportError,
 }
 
 
@@ -267,7 +265,7 @@ def _send_finished(backend: Any, row: Any) -> None:
         return  # an attempt failed, another follows: the task has not finished
     try:
         result = result_of(row)
-    except Exception as exc:  # its function no longer imports: nobody can listen for it
+    except Exception as exc:  # its path is no registered task (any longer): nobody can listen for it
         logger.warning("Task finished without its signal task=%s error=%s", row.result_id, type(exc).__name__)
         return
     task_finished.send(type(backend), task_result=result)
@@ -288,7 +286,8 @@ def _traceback(exc: BaseException, recorded: type[BaseException], code: str) -> 
 
 
 def result_of(row: Any, task: Task | None = None) -> TaskResult:
-    """Return the ``TaskResult`` a task row stands for (``task``: the enqueued one, else imported by path)."""
+    """Return the ``TaskResult`` a task row stands for (``task``: the enqueued one, else the registered one its path
+    names: ``TaskNotRegistered`` if none)."""
     result: TaskResult = TaskResult(
         task=task if task is not None else task_of(row),
         id=str(row.result_id),

@@ -11,6 +11,7 @@ import argparse
 import functools
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -201,6 +202,7 @@ class Command(BaseCommand):
             registry.get(name)
         if metrics_addr is not None and metrics_port is None:
             raise _usage("--metrics-addr needs --metrics-port: give the port the metrics are served on.")
+        _discover_tasks()
         if metrics_port is not None:
             _serve_metrics(metrics_port, metrics_addr or "127.0.0.1")
         made = functools.partial(worker.Worker, only=only, stdout=self.stdout, verbosity=verbosity)
@@ -271,6 +273,15 @@ class Command(BaseCommand):
 
     def _handle_sweep_files(self, *, dry_run: bool, **options: object) -> None:
         _sweep_job.command(self, dry_run=dry_run, **options)
+
+
+def _discover_tasks() -> None:
+    """Register the project's tasks before the worker starts: a tasks module that does not import stops it here,
+    with its traceback, rather than failing each run of the tasks' jobs (which look for them again)."""
+    if "fabrika_django.tasks" in sys.modules:  # a fabrika backend is configured: the app's ready() imported it
+        from fabrika_django.tasks import discover_tasks
+
+        discover_tasks()
 
 
 def _serve_metrics(port: int, addr: str) -> None:
