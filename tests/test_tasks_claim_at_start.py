@@ -9,6 +9,7 @@ from django.utils import timezone
 from fabrika_django import runner
 from fabrika_django._runs import start as run_start
 from fabrika_django._runs import tasks as _task_runs
+from fabrika_django._runs.task_groups import Writes
 from fabrika_django.models import QueuedTask
 from testproject.lab import tasks
 from testproject.lab.models import Mark
@@ -114,7 +115,9 @@ def test_a_task_the_start_statement_started_is_ready_again_when_the_run_gives_it
     result = tasks.mark.enqueue("given back")
     assert _started_now(_start("worker-a")) == [True]
     row = QueuedTask.objects.get(result_id=result.id)  # as the run holds it: claimed and RUNNING
-    _task_runs._give_back(None, [row], row.pk)
+    writes = Writes(_task_runs.task_backends["default"].worker_id, lambda row, task: None)
+    _task_runs._give_back(writes, [row], {row.pk})
+    writes.flush()
     row = QueuedTask.objects.get(result_id=result.id)
     assert (row.status, row.attempts) == ("READY", 0)
 

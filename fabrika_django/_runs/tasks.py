@@ -6,21 +6,24 @@ One task, in the job's attempt:
 3. SUCCESSFUL with its JSON return value, or the failed attempt's ``TaskError`` (class path and frames,
    no message unless ``STORE_ERROR_MESSAGES``): READY again after the claim's backoff while attempts remain,
    else FAILED, a dead row a person requeues.
-A task whose worker died mid-task is RUNNING with its claim's backoff as ``due``: once the job's lease
-expired, a later run claims it again (one more attempt), or gives it up when that was its last.
+Tasks of a few milliseconds are started in groups, and their outcomes written with the next group's start: one
+statement for many tasks (``task_groups``). A task whose worker died mid-task, or before its outcome was
+written, is RUNNING with its claim's backoff as ``due``: once the job's lease expired, a later run claims it
+again (one more attempt), or gives it up when that was its last.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from typing import Any
 
 from django.core.exceptions import SuspiciousOperation
 from django.utils import timezone
 
-from .._running import active_run, framework_write, is_ctrl_c, outside_run
+from .._running import framework_write, is_ctrl_c, outside_run
 from .._task_paths import TaskNotRegistered, task_of
 from .._tasks_compat import (
     Task,
@@ -34,12 +37,12 @@ from .._tasks_compat import (
     task_started,
 )
 from ..conf import settings
-from ..exceptions import VersionConflict
 
 # Up a floor: a task run that leaves tasks behind asks for another run, as a kick does (kicks.py sits on the
 # run machinery's pending flag, so the folder stands under it).
 from ..kicks import request_run
 from .task_claim import BATCH, claimed_at_start, where_of
+from .task_groups import Pace, Writes, check_fence
 
 logger = logging.getLogger(__name__)
 
@@ -53,70 +56,101 @@ def serve_queue(ctx: Any, alias: str, queue: str) -> None:
 
     A task is started only while the attempt has at least the backend's ``timeout`` left (the attempt has
     twice that); past it, the claimed rest is given back and the job marked pending, so the next run under
-    the same lease goes on.
+    the same lease goes on. Whatever ends the run, the outcomes it holds are written first.
     """
+    backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
+    writes = Writes(backend.worker_id, lambda row, task: _send_finished(backend, row, task))
+    try:
+        _serve(ctx, backend, alias, queue, writes)
+    except BaseException:
+        writes.flush_on_the_way_out()
+        raise
+    writes.flush()
 
+
+def _serve(ctx: Any, backend: Any, alias: str, queue: str, writes: Writes) -> None:
     from ..models import QueuedTask
 
-    backend: Any = task_backends[alias]  # a FabrikaBackend: its timeout, max_attempts, worker_id
-    minimum = backend.timeout.total_seconds()
     where = where_of(alias, queue)
+    pace = Pace()
     first = claimed_at_start(alias, queue)
-    # The task the run's start statement marked RUNNING (claim_at_start), if any: run_task does not mark it again.
-    started = first.started if first is not None else None
     while True:
         # An empty first batch is claimed again at once: the start's ``now`` was read before its statement, so a
         # row made due between the two (a requeue, whose kick that statement took) was not due to it.
-        rows = (first.rows if first is not None else []) or QueuedTask.objects.claim(limit=BATCH, where=where)
+        rows = (first.rows if first is not None else []) or QueuedTask.objects.claim(
+            limit=pace.claim(BATCH), where=where
+        )
+        # The task the run's start statement marked RUNNING (claim_at_start), if any: it is not started again.
+        started = {first.started} if first is not None and first.started is not None else set()
         first = None
         if not rows:
             return
-        for index, row in enumerate(rows):
+        if not _serve_batch(ctx, backend, rows, started, writes, pace):
+            return
+
+
+def _serve_batch(ctx: Any, backend: Any, rows: list[Any], started: set[Any], writes: Writes, pace: Pace) -> bool:
+    """Run a claimed batch, group by group; False when the attempt's time ran short (the rest given back)."""
+    minimum = backend.timeout.total_seconds()
+    index = 0
+    while index < len(rows):
+        group = rows[index : index + pace.group()]
+        running = _start_group(backend, group, started, writes)
+        for offset, row in enumerate(group):
             if ctx.signal.remaining() < minimum:
                 ctx.signal.throw_if_aborted()
-                _give_back(ctx, rows[index:], started)
+                # The group's rows started and not run, and the batch's rows after the group (none of them written
+                # yet: a row holds one write a statement).
+                unrun = [other for other in group[offset:] if other.pk in running]
+                _give_back(writes, [*unrun, *rows[index + len(group) :]], running)
+                writes.flush()
                 with framework_write():
                     request_run(ctx.job.name)
-                return
-            run_task(ctx, backend, row, started_now=row.pk == started)
+                return False
+            if row.pk not in running:
+                continue  # given up unrun, or changed since its claim
+            _check_started(writes, group[offset:], running)
+            began = time.monotonic()
+            writes.hold(row, *run_task(backend, row))
+            pace.observe(time.monotonic() - began)
+        index += len(group)
+    return True
 
 
-def run_task(ctx: Any, backend: Any, row: Any, *, started_now: bool = False) -> None:
-    """Run one claimed task row and record how it ended (see the module's docstring).
+def _start_group(backend: Any, group: list[Any], started: set[Any], writes: Writes) -> set[Any]:
+    """Start the group's tasks in one statement, with the held outcomes; answer the pks of those now RUNNING.
 
-    ``started_now``: the run's start statement marked it RUNNING already (``task_claim.claim_at_start``).
+    A task whose last attempt never reported back is given up unrun (``task_lost``) in that statement instead.
     """
     from ..models import TASK_ATTEMPTS_CEILING, TaskStatus
 
-    now = timezone.now()
-    if _attempts_left(row, backend) < 0:
-        # Its last attempt never reported back: give it up rather than run it past max_attempts.
-        lost = {"exception_class_path": _LOST, "traceback": ""}
-        _record(
-            ctx,
-            row,
-            status=TaskStatus.FAILED,
-            finished_at=now,
-            errors=[*row.errors, lost],
-            attempts=TASK_ATTEMPTS_CEILING,
-            last_failure="task_lost",
-        )
-        logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
-        _send_finished(backend, row)
-        return
-    if started_now:
-        _check_started(ctx, row)
-    else:
-        started = _start(
-            ctx,
-            row,
-            status=TaskStatus.RUNNING,
-            started_at=row.started_at or now,
-            last_attempted_at=now,
-            worker_ids=[*row.worker_ids, backend.worker_id],
-        )
-        if not started:
-            return
+    to_start = []
+    for row in group:
+        if _attempts_left(row, backend) < 0:
+            lost = {"exception_class_path": _LOST, "traceback": ""}
+            writes.hold(
+                row,
+                {
+                    "status": TaskStatus.FAILED,
+                    "finished_at": timezone.now(),
+                    "errors": [*row.errors, lost],
+                    "attempts": TASK_ATTEMPTS_CEILING,
+                    "last_failure": "task_lost",
+                },
+            )
+            logger.warning("Task given up task=%s attempts=%d code=task_lost", row.result_id, row.attempts - 1)
+        elif row.pk not in started:
+            to_start.append(row)
+    running = {row.pk for row in group if row.pk in started}  # its fence is checked as it runs (_check_started)
+    if to_start:
+        running |= {row.pk for row in writes.start(to_start)}
+    return running
+
+
+def run_task(backend: Any, row: Any) -> tuple[dict[str, Any], Task | None]:
+    """Run one started task row; answer the values its outcome writes (see the module's docstring), and its task
+    (None when the row names no registered task)."""
+    task = None
     try:
         task = task_of(row)
         result = result_of(row, task)
@@ -130,10 +164,10 @@ def run_task(ctx: Any, backend: Any, row: Any, *, started_now: bool = False) -> 
     except BaseException as exc:  # noqa: B036  what the task raised is its failed attempt, SystemExit too
         if is_ctrl_c(exc):
             raise
-        _fail(ctx, backend, row, exc)
-    else:
-        _finish(ctx, row, value)
-    _send_finished(backend, row)
+        return _failure(backend, row, exc), task
+    from ..models import TaskStatus
+
+    return {"status": TaskStatus.SUCCESSFUL, "finished_at": timezone.now(), "return_value": value, "due": None}, task
 
 
 class _ReturnValueNotJSON(TypeError):
@@ -166,13 +200,7 @@ _RECORDED_AS: dict[type[BaseException], type[BaseException]] = {
 }
 
 
-def _finish(ctx: Any, row: Any, value: Any) -> None:
-    from ..models import TaskStatus
-
-    _record(ctx, row, status=TaskStatus.SUCCESSFUL, finished_at=timezone.now(), return_value=value, due=None)
-
-
-def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
+def _failure(backend: Any, row: Any, exc: BaseException) -> dict[str, Any]:
     from ..models import TASK_ATTEMPTS_CEILING, TaskStatus
 
     code = _FAILURE_CODES.get(type(exc), "task_failed")
@@ -186,7 +214,7 @@ def _fail(ctx: Any, backend: Any, row: Any, exc: BaseException) -> None:
     logger.warning(
         "Task attempt failed task=%s attempt=%d error=%s code=%s", row.result_id, row.attempts, recorded.__name__, code
     )
-    _record(ctx, row, **values)
+    return values
 
 
 def _attempts_left(row: Any, backend: Any) -> int:
@@ -197,74 +225,41 @@ def _attempts_left(row: Any, backend: Any) -> int:
     return int(backend.max_attempts - row.attempts)
 
 
-def _record(ctx: Any, row: Any, **values: Any) -> bool:
-    """Write ``values`` to the claimed row in one UPDATE checked against its version; False if it changed.
-
-    Not a fenced transaction (three round trips): the version is the guard. A replacement run claims the row
-    again (a new version) before it touches it, so a stale attempt's write then matches nothing; before
-    that, what it writes is the truth about the attempt it made. Starting a task is fenced (``_start``).
-    """
-    from ..models._queue import write_versioned
-
-    with framework_write():
-        try:
-            write_versioned(row, values)
-        except VersionConflict:
-            logger.warning("Task changed since it was claimed task=%s code=version_conflict", row.result_id)
-            return False
-    return True
-
-
-def _start(ctx: Any, row: Any, **values: Any) -> bool:
-    """Mark the row RUNNING, unless the attempt's lease may have ended: a stale run never starts a task.
-
-    The fence's own local check (the signal, and the time the last renewal is known to cover; no round trip):
-    the lease cannot be taken over before it expires, and the UPDATE follows at once.
-    """
-    _check_fence()
-    return _record(ctx, row, **values)
-
-
-def _check_started(ctx: Any, row: Any) -> None:
-    """The fence's local check ``_start`` makes, for a task the run's start statement marked RUNNING: an attempt
-    that ended since (a shutdown, its deadline) leaves the task READY, its claimed attempt counted as for any
-    claimed row it does not start, rather than RUNNING with nobody running it until its backoff ends."""
+def _check_started(writes: Writes, unrun: list[Any], running: set[Any]) -> None:
+    """The fence's local check before a started task runs: an attempt that ended since (a shutdown, its deadline)
+    leaves its started, unrun tasks READY, each claimed attempt counted as for any claimed row it does not run,
+    rather than RUNNING with nobody running them until their backoff ends."""
     from ..models import TaskStatus
 
     try:
-        _check_fence()
+        check_fence()
     except BaseException:
-        _record(ctx, row, status=TaskStatus.READY)
+        for row in unrun:
+            if row.pk in running:
+                writes.hold(row, {"status": TaskStatus.READY})
         raise
 
 
-def _check_fence() -> None:
-    """The attempt's fence's local check (``LeaseFence.check``), through the thread's active run."""
-    run = active_run()
-    if run is not None and run.state is not None:
-        run.state.fence.check()
-
-
-def _give_back(ctx: Any, rows: list[Any], started: Any) -> None:
-    """Undo the claim of rows this run will not start: due now, the claimed attempt not counted (READY again,
-    for a task the run's start statement marked RUNNING)."""
+def _give_back(writes: Writes, rows: list[Any], running: set[Any]) -> None:
+    """Undo the claim of rows this run will not run: due now, the claimed attempt not counted (READY again, for a
+    task this run started)."""
     from ..models import TaskStatus
 
     now = timezone.now()
     for row in rows:
         values: dict[str, Any] = {"due": now, "attempts": row.attempts - 1}
-        if row.pk == started:
+        if row.pk in running:
             values["status"] = TaskStatus.READY
-        _record(ctx, row, **values)
+        writes.hold(row, values)
 
 
-def _send_finished(backend: Any, row: Any) -> None:
+def _send_finished(backend: Any, row: Any, task: Task | None) -> None:
     from ..models import TaskStatus
 
     if row.status not in (TaskStatus.SUCCESSFUL, TaskStatus.FAILED):
         return  # an attempt failed, another follows: the task has not finished
     try:
-        result = result_of(row)
+        result = result_of(row, task)
     except Exception as exc:  # its path is no registered task (any longer): nobody can listen for it
         logger.warning("Task finished without its signal task=%s error=%s", row.result_id, type(exc).__name__)
         return

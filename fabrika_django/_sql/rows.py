@@ -71,3 +71,22 @@ def db_pks(model: type[Model], connection: BaseDatabaseWrapper, pks: list[SQLPar
     if isinstance(field, models.IntegerField):
         return list(pks)
     return [field.get_db_prep_value(pk, connection) for pk in pks]
+
+
+def rows_update(table: str, pk: tuple[str, str], version: str, columns: list[tuple[str, str]]) -> str:
+    """PostgreSQL: many rows' versioned writes in one statement, each row its own values.
+
+    ``pk``: the quoted pk column and its type; ``columns``: each written column, quoted, and its type. One
+    parameter, the rows as a JSON array of objects: each its pk (``pk_``), the version read (``version_``) and
+    each column's value (``c0_``, ``c1_``...) as the column's type reads it from JSON. One JSON document, not a
+    placeholder a value: psycopg's client-side binding quotes every value of every row on each execution, which
+    cost more than the statement. Answers the pks written: a row whose version changed since is left as it is.
+    """
+    pk_column, pk_type = pk
+    kinds = [f"pk_ {pk_type}", "version_ integer", *(f"c{index}_ {kind}" for index, (_c, kind) in enumerate(columns))]
+    sets = [f"{column} = given.c{index}_" for index, (column, _kind) in enumerate(columns)]
+    return (
+        f"UPDATE {table} SET {', '.join(sets)}, {version} = given.version_ + 1 "  # noqa: S608  quoted names
+        f"FROM jsonb_to_recordset(%s::jsonb) AS given({', '.join(kinds)}) "
+        f"WHERE {table}.{pk_column} = given.pk_ AND {table}.{version} = given.version_ RETURNING {table}.{pk_column}"
+    )

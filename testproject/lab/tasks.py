@@ -100,3 +100,22 @@ def effect(n):
 @task
 def returns_nan():
     return float("nan")
+
+
+@task
+def statuses(seconds=0):
+    """After ``seconds``, answer every task row's status by its result id, as this task saw them while it ran."""
+    from fabrika_django.models import QueuedTask
+
+    time.sleep(seconds)
+    return {str(result_id): status for result_id, status in QueuedTask.objects.values_list("result_id", "status")}
+
+
+@task
+def changes_a_task(result_id):
+    """Change another task's row (a new version), as a person's edit between its claim and its start would."""
+    from django.db.models import F
+
+    from fabrika_django.models import QueuedTask
+
+    QueuedTask.objects.filter(result_id=result_id).update(version=F("version") + 1)
