@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _the_projects_tasks_registered() -> None:
+    """Import every installed app's tasks module once, under these settings, as fabrika's worker does as it starts.
+
+    Else the first read of a result imports them under the test's own settings: their worker tests override
+    TASKS without the outbox app's "emails" queue, where Django refuses that app's task (InvalidTaskError).
+    """
+    from fabrika_django.tasks import discover_tasks
+
+    discover_tasks()
+
+
 @pytest.fixture(autouse=True)
 def _their_worker_statement_counts(request: pytest.FixtureRequest) -> Iterator[None]:
     """Their worker tests count their own worker's statements around each run: count nothing there."""
