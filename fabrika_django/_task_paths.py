@@ -24,6 +24,7 @@ from django.apps import apps
 from django.core.exceptions import SuspiciousOperation
 from django.utils.module_loading import autodiscover_modules
 
+from ._caches import resets_with_settings
 from ._tasks_compat import Task
 
 
@@ -91,4 +92,19 @@ def task_of(row: _TaskRow) -> Task:
             f"Task {row.result_id} names {path!r}, which is no registered task, so nothing was imported: define "
             "tasks in an installed app's tasks module, or in a module imported at start-up (AppConfig.ready())."
         )
-    return task.using(priority=row.priority, queue_name=row.queue_name, backend=row.backend, run_after=row.run_after)
+    key = (task, row.priority, row.queue_name, row.backend, row.run_after)
+    enqueued = _ENQUEUED_AS.get(key)
+    if enqueued is None:
+        if len(_ENQUEUED_AS) >= _MAX_ENQUEUED_AS:
+            _ENQUEUED_AS.clear()  # deferred tasks each bring their own run_after: keep the cache small
+        enqueued = _ENQUEUED_AS[key] = task.using(
+            priority=row.priority, queue_name=row.queue_name, backend=row.backend, run_after=row.run_after
+        )
+    return enqueued
+
+
+#: ``task_of``'s answers, by the registered task and the row's values: ``using()`` makes and validates a new Task
+#: (Django's checks against the backend's settings), which cost a worker more than a no-op task's run. A Task is
+#: immutable, and a function registered again is another key; a setting change empties it (the checks' input).
+_ENQUEUED_AS: dict[tuple[object, ...], Task] = resets_with_settings({})
+_MAX_ENQUEUED_AS = 256

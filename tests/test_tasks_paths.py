@@ -16,6 +16,7 @@ import pytest
 from django.test import modify_settings
 from django.utils import timezone
 
+from fabrika_django._task_paths import task_of
 from fabrika_django.models import QueuedTask
 from fabrika_django.testing import run_tasks
 from testproject.lab import tasks
@@ -140,6 +141,41 @@ def test_a_copy_made_with_using_does_not_become_the_registered_task():
     result = tasks.noop.enqueue()
     [ran] = run_tasks()
     assert ran.id == result.id and ran.task.run_after is None and ran.task.priority == 0
+
+
+def test_rows_of_one_task_enqueued_differently_each_get_the_task_as_they_were_enqueued():
+    later = timezone.now() + timedelta(hours=1)
+    rows = [
+        QueuedTask(
+            task_path=tasks.noop.module_path, backend="default", queue_name=queue, priority=priority, run_after=at
+        )
+        for queue, priority, at in [
+            ("default", 0, None),
+            ("default", 5, None),
+            ("emails", 5, None),
+            ("default", 5, later),
+        ]
+    ]
+    made = [task_of(row) for row in rows]
+    assert [(task.queue_name, task.priority, task.run_after) for task in made] == [
+        ("default", 0, None),
+        ("default", 5, None),
+        ("emails", 5, None),
+        ("default", 5, later),
+    ]
+    assert task_of(rows[1]) is made[1]  # made once: using() validates each new Task against the settings
+
+
+def test_a_task_looked_up_again_after_a_setting_changed_is_checked_against_the_new_settings():
+    from django.test import override_settings
+
+    from fabrika_django._tasks_compat import InvalidTask
+
+    row = QueuedTask(task_path=tasks.noop.module_path, backend="default", queue_name="emails", priority=0)
+    task_of(row)
+    backends = {"default": {"BACKEND": "fabrika_django.tasks.FabrikaBackend", "QUEUES": ["default"]}}
+    with override_settings(TASKS=backends), pytest.raises(InvalidTask, match="emails"):
+        task_of(row)
 
 
 def _probe_settings(probe):
