@@ -101,10 +101,11 @@ class Writes:
                     "last_attempted_at": now,
                     "worker_ids": [*row.worker_ids, self._worker_id],
                 },
+                None,
             )
             for row in rows
         ]
-        written = self._send([(row, values, None) for row, values in starts])
+        written = self._send(starts)
         return [row for row, ok in zip(rows, written, strict=True) if ok]
 
     def flush(self) -> None:
