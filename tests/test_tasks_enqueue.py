@@ -1,0 +1,80 @@
+"""``FabrikaBackend.enqueue()``'s own path: a task's checks once until a setting changes, and every promise of an
+enqueue kept once those are remembered (the signal, the rollback, the refusal of bad arguments before a write)."""
+
+import math
+from datetime import datetime
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+
+from fabrika_django._tasks_compat import InvalidTask, task_enqueued
+from fabrika_django.models import QueuedTask
+from fabrika_django.tasks import FabrikaBackend
+from testproject.lab import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """The tasks ``FabrikaBackend.validate_task`` was asked about, in order."""
+    seen = []
+    validate = FabrikaBackend.validate_task
+
+    def recorded(self, task):
+        seen.append(task)
+        validate(self, task)
+
+    monkeypatch.setattr(FabrikaBackend, "validate_task", recorded)
+    return seen
+
+
+def test_a_tasks_checks_run_at_its_first_enqueue_only_while_the_settings_hold(validations):
+    task, equal = tasks.add.using(priority=37), tasks.add.using(priority=37)  # a task no other test enqueues
+    validations.clear()  # Django validates each task it makes
+    task.enqueue(1, 2)
+    task.enqueue(3, 4)
+    equal.enqueue(5, 6)  # an equal task is the same task
+    assert validations == [task]
+    with override_settings(FABRIKA={"LEASE_SECONDS": 30}):  # any setting: every cache is emptied
+        task.enqueue(7, 8)
+        task.enqueue(9, 10)
+    task.enqueue(11, 12)
+    assert validations == [task, task, task]  # and once more on the change, once on the change back
+    assert QueuedTask.objects.count() == 6
+
+
+def test_a_task_valid_under_the_old_settings_is_refused_once_they_change():
+    """``USE_TZ`` off: a naive ``run_after`` is valid, and the enqueue is remembered; on again, the same task is
+    refused as Django's own check refuses it, and nothing is written."""
+    with override_settings(USE_TZ=False):
+        naive = tasks.add.using(run_after=datetime(2030, 1, 1, 12, 0))
+        naive.enqueue(1, 2)
+    with pytest.raises(InvalidTask, match="run_after must be an aware datetime"):
+        naive.enqueue(1, 2)
+    assert QueuedTask.objects.count() == 1
+
+
+def test_an_enqueue_with_its_checks_remembered_still_signals_refuses_bad_arguments_and_rolls_back(fabrika_kicks):
+    seen = []
+
+    def record(sender, task_result, **kwargs):
+        seen.append(task_result.args)
+
+    task_enqueued.connect(record, weak=False)
+    try:
+        tasks.add.enqueue(1, 2)
+        tasks.add.enqueue(3, 4)
+        with pytest.raises(ValueError, match="NaN or Infinity"):
+            tasks.add.enqueue(math.nan, 4)
+        with pytest.raises(TypeError):
+            tasks.add.enqueue(object(), 4)
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            tasks.add.enqueue(5, 6)
+            raise ZeroDivisionError
+    finally:
+        task_enqueued.disconnect(record)
+    assert seen == [[1, 2], [3, 4], [5, 6]]  # the rolled back one was enqueued, then undone
+    assert sorted(QueuedTask.objects.values_list("args", flat=True)) == [[1, 2], [3, 4]]
+    assert fabrika_kicks == ["tasks.default.default", "tasks.default.default"]
