@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
@@ -41,24 +41,29 @@ def insert(
     from .models import QueuedTask
 
     now = timezone.now()
-    row = QueuedTask(
-        task_path=task.module_path,
-        backend=alias,
-        queue_name=task.queue_name,
-        priority=task.priority,
+    # Exactly the fields of ``_GIVEN``; every other field holds its default.
+    given = {
+        "result_id": uuid.uuid4() if result_id is None else result_id,
+        "task_path": task.module_path,
+        "backend": alias,
+        "queue_name": task.queue_name,
+        "priority": task.priority,
         # A value that is not JSON, NaN, Infinity or too much raises here, before anything is written.
         **json_arguments(args, kwargs),
-        run_after=task.run_after,
-        due=task.run_after or now,
-        enqueued_at=now,
-    )
-    if result_id is not None:
-        row.result_id = result_id
-    _insert_and_kick(row, task_job_name(alias, task.queue_name))
+        "run_after": task.run_after,
+        "due": task.run_after or now,
+        "enqueued_at": now,
+    }
+    # Positionally, in the order of the concrete fields (as ``Model.from_db`` makes an instance): a fifth of the
+    # time of keyword arguments, which Django matches against every field.
+    fields = QueuedTask._meta.concrete_fields
+    values: list[Any] = [given[field.attname] if field.attname in given else field.get_default() for field in fields]
+    row = QueuedTask(*values)  # type: ignore[misc]  # django-stubs types a positional argument as the pk's
+    _insert_and_kick(row, given, task_job_name(alias, task.queue_name))
     return row
 
 
-def _insert_and_kick(row: QueuedTask, job: str) -> None:
+def _insert_and_kick(row: QueuedTask, given: Mapping[str, object], job: str) -> None:
     """Insert the task's row and kick its job, in one commit: the caller's transaction, or one of their own.
 
     PostgreSQL: one statement, the row, the kick's row and the NOTIFY (``run_sql.kick_cte``), so an enqueue in
@@ -74,13 +79,14 @@ def _insert_and_kick(row: QueuedTask, job: str) -> None:
             row.save(force_insert=True, using=alias)
             kick(job, using=alias)
         return
-    with_kick = not kicked_in_transaction(job, alias)
-    sql, fields = _insert_sql(alias, with_kick)
+    insert = _insert_statement(alias, not kicked_in_transaction(job, alias))
+    # Only the values the enqueue gives are turned by their fields (``get_db_prep_save``, as ``save()`` does);
+    # the defaults are in the statement already (``_insert_statement``).
     params: dict[str, SQLParam] = {
-        f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection) for index, field in enumerate(fields)
+        name: field.get_db_prep_save(given[field.attname], connection) for name, field in insert.given
     }
     params.update(name=job, channel=CHANNEL)
-    answer = _prepared.fetchone(connection, sql, params)
+    answer = _prepared.fetchone(connection, insert.sql, params)
     if answer is None:
         # A check, not an assert (``python -O`` drops those): an INSERT ... RETURNING answers its row unless
         # something on the table (a trigger, a rule) skipped it; the task would never run, so say so.
@@ -90,21 +96,48 @@ def _insert_and_kick(row: QueuedTask, job: str) -> None:
     note_kick(job, alias)
 
 
-@cache(maxsize=8)
-def _insert_sql(alias: str, with_kick: bool) -> tuple[str, list[Field]]:
-    """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its fields.
+#: The fields ``insert`` gives a value of the call or the task; every other field of the row holds its default.
+_GIVEN = frozenset(
+    {"result_id", "task_path", "backend", "queue_name", "priority", "args", "kwargs", "run_after", "due", "enqueued_at"}
+)
 
-    With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field,
-    ``name`` (the job), ``channel``.
+
+class _InsertStatement(NamedTuple):
+    """The task row's INSERT on PostgreSQL (``sql``), and its parameters ``v0``... by the field each is of."""
+
+    sql: str
+    given: list[tuple[str, Field]]
+
+
+@cache(maxsize=8)
+def _insert_statement(alias: str, with_kick: bool) -> _InsertStatement:
+    """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its parameters.
+
+    With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field given
+    (``_GIVEN``), ``name`` (the job), ``channel``. Every other field's default is turned by the field once
+    (``get_db_prep_save``, as ``save()`` would on each row) and written into the statement, so it must be the same
+    for every row: a value, or ``list``/``dict`` (an empty one); a default that may differ by row is refused.
     """
     from .models import QueuedTask
 
     connection = connections[alias]
+    connection.ensure_connection()  # the defaults are quoted for the session (``task_sql.insert``)
     fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
+    given, fixed = [], {}
+    for index, field in enumerate(fields):
+        if field.attname in _GIVEN:
+            given.append((f"v{index}", field))
+        elif field.has_default() and callable(field.default) and field.default not in (list, dict):
+            raise TypeError(
+                f"{QueuedTask._meta.label}.{field.name} has a default that may differ by row: the enqueue must give "
+                "its value (add it to _task_rows._GIVEN)."
+            )
+        else:
+            fixed[index] = field.get_db_prep_save(field.get_default(), connection)
     quote = connection.ops.quote_name
     columns = [quote(str(field.column)) for field in fields]
     pk = quote(str(QueuedTask._meta.pk.column))
-    return task_sql.insert(connection, columns, pk, with_kick=with_kick), fields
+    return _InsertStatement(task_sql.insert(connection, columns, pk, with_kick=with_kick, fixed=fixed), given)
 
 
 def json_arguments(args: object, kwargs: object) -> dict[str, object]:

@@ -1,13 +1,16 @@
-"""``FabrikaBackend.enqueue()``'s own path: a task's checks once until a setting changes, and every promise of an
-enqueue kept once those are remembered (the signal, the rollback, the refusal of bad arguments before a write)."""
+"""``FabrikaBackend.enqueue()``'s own path: a task's checks once until a setting changes, the row as the enqueue
+answered it, and every promise of an enqueue kept once those are remembered (the signal, the rollback, the
+refusal of bad arguments before a write)."""
 
 import math
 from datetime import datetime
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
+from fabrika_django import _task_rows
+from fabrika_django._sql import tasks as task_sql
 from fabrika_django._tasks_compat import InvalidTask, task_enqueued
 from fabrika_django.models import QueuedTask
 from fabrika_django.tasks import FabrikaBackend
@@ -78,3 +81,39 @@ def test_an_enqueue_with_its_checks_remembered_still_signals_refuses_bad_argumen
     assert seen == [[1, 2], [3, 4], [5, 6]]  # the rolled back one was enqueued, then undone
     assert sorted(QueuedTask.objects.values_list("args", flat=True)) == [[1, 2], [3, 4]]
     assert fabrika_kicks == ["tasks.default.default", "tasks.default.default"]
+
+
+def test_the_row_in_the_database_is_the_row_the_enqueue_answered_field_by_field():
+    """Every column as the row the enqueue answered holds it: the values it gives (turned by their fields on each
+    enqueue) and the defaults (turned once, and written into PostgreSQL's statement)."""
+    run_after = datetime.fromisoformat("2030-01-02T03:04:05.678901+00:00")
+    task = tasks.add.using(priority=-7, queue_name="emails", run_after=run_after)
+    row = _task_rows.insert("default", task, [1, "50% off"], {"b": {"c": None}})
+    stored = QueuedTask.objects.get(pk=row.pk)
+    attnames = [field.attname for field in QueuedTask._meta.concrete_fields]
+    assert {name: getattr(stored, name) for name in attnames} == {name: getattr(row, name) for name in attnames}
+    assert (stored.args, stored.kwargs, stored.due) == ([1, "50% off"], {"b": {"c": None}}, run_after)
+    assert (stored.priority, stored.queue_name, stored.status, stored.attempts) == (-7, "emails", "READY", 0)
+    assert (stored.version, stored.errors, stored.worker_ids, stored.return_value) == (0, [], [], None)
+    assert row._state.adding is False and row._state.db == "default"
+
+
+@pytest.mark.postgresql
+def test_a_default_is_written_into_the_statement_as_a_literal_with_its_percent_signs_doubled():
+    connection.ensure_connection()
+    sql = task_sql.insert(connection, ['"a"', '"b"'], '"id"', with_kick=False, fixed={1: "50% off"})
+    assert sql.endswith(' ("a", "b") VALUES (%(v0)s, \'50%% off\') RETURNING "id"')
+
+
+@pytest.mark.postgresql
+def test_a_default_that_may_differ_by_row_is_refused_when_the_statement_is_made(monkeypatch):
+    field = QueuedTask._meta.get_field("last_failure")
+    field.get_default()  # Django keeps the default it read first: the real one, for the tests after this one
+    monkeypatch.setattr(field, "default", lambda: "may differ")
+    _task_rows._insert_statement.cache_clear()
+    try:
+        with pytest.raises(TypeError, match=r"^fabrika_django.QueuedTask.last_failure has a default that may differ"):
+            tasks.add.enqueue(1, 2)
+    finally:
+        _task_rows._insert_statement.cache_clear()
+    assert QueuedTask.objects.count() == 0
