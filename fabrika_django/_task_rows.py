@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 #: The JSON of one task's args and kwargs together, at most, in bytes (UTF-8, without spaces). The worker, the
 #: database and a task's admin page hold them whole, so a task carries ids, not documents.
 MAX_ARGUMENTS_BYTES = 1024 * 1024
+# One encoder for every enqueue: ``json.dumps`` with options makes a new one each call. It holds no state of a call.
+_ENCODE = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
 
 
 def insert(
@@ -147,7 +149,7 @@ def json_arguments(args: object, kwargs: object) -> dict[str, object]:
         "kwargs": normalize_json(kwargs),
     }  # TypeError for what is no JSON
     try:
-        text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        text = _ENCODE(values)
     except ValueError:
         raise ValueError(
             "A task's arguments hold NaN or Infinity, which JSON and the database have no value for: pass None "
