@@ -82,11 +82,11 @@ def _insert_and_kick(row: QueuedTask, given: Mapping[str, object], job: str) -> 
             kick(job, using=alias)
         return
     insert = _insert_statement(alias, not kicked_in_transaction(job, alias))
-    # Only the values the enqueue gives are turned by their fields (``get_db_prep_save``, as ``save()`` does);
-    # the defaults are in the statement already (``_insert_statement``).
-    params: dict[str, SQLParam] = {
-        name: field.get_db_prep_save(given[field.attname], connection) for name, field in insert.given
-    }
+    # Each value is turned by its field (``get_db_prep_save``, as ``save()`` does): the call's on each enqueue, the
+    # task's once per task (``_task_params``); the defaults are in the statement already (``_insert_statement``).
+    params = dict(_task_params(alias, tuple(given[name] for name in _OF_TASK)))
+    for name, field in insert.of_call:
+        params[name] = field.get_db_prep_save(given[field.attname], connection)
     params.update(name=job, channel=CHANNEL)
     answer = _prepared.fetchone(connection, insert.sql, params)
     if answer is None:
@@ -98,17 +98,33 @@ def _insert_and_kick(row: QueuedTask, given: Mapping[str, object], job: str) -> 
     note_kick(job, alias)
 
 
-#: The fields ``insert`` gives a value of the call or the task; every other field of the row holds its default.
-_GIVEN = frozenset(
-    {"result_id", "task_path", "backend", "queue_name", "priority", "args", "kwargs", "run_after", "due", "enqueued_at"}
-)
+#: The fields ``insert`` gives a value of: the task's own (the same for each of its rows), and the call's. Every
+#: other field of the row holds its default.
+_OF_TASK = ("task_path", "backend", "queue_name", "priority", "run_after")
+_OF_CALL = ("result_id", "args", "kwargs", "due", "enqueued_at")
+_GIVEN = frozenset(_OF_TASK + _OF_CALL)
 
 
 class _InsertStatement(NamedTuple):
     """The task row's INSERT on PostgreSQL (``sql``), and its parameters ``v0``... by the field each is of."""
 
     sql: str
-    given: list[tuple[str, Field]]
+    of_task: list[tuple[str, Field]]
+    of_call: list[tuple[str, Field]]
+
+
+@cache(maxsize=256)
+def _task_params(alias: str, values: tuple[object, ...]) -> dict[str, SQLParam]:
+    """The database values of what a task gives each of its rows (``_OF_TASK``'s ``values``), by parameter.
+
+    Turned by their fields once per (database, values), where each enqueue of a task turned the same five again.
+    Bounded: ``using(run_after=...)`` makes a task, and values, for each call.
+    """
+    connection = connections[alias]
+    given = dict(zip(_OF_TASK, values, strict=True))
+    # The parameters are named alike with and without the kick.
+    of_task = _insert_statement(alias, False).of_task
+    return {name: field.get_db_prep_save(given[field.attname], connection) for name, field in of_task}
 
 
 @cache(maxsize=8)
@@ -116,19 +132,21 @@ def _insert_statement(alias: str, with_kick: bool) -> _InsertStatement:
     """The task row's INSERT on PostgreSQL (its columns as Django's own INSERT writes them), and its parameters.
 
     With ``with_kick``, the kick's row and NOTIFY ride in the same statement. Parameters: ``v0``... by field given
-    (``_GIVEN``), ``name`` (the job), ``channel``. Every other field's default is turned by the field once
-    (``get_db_prep_save``, as ``save()`` would on each row) and written into the statement, so it must be the same
-    for every row: a value, or ``list``/``dict`` (an empty one); a default that may differ by row is refused.
+    (``_OF_TASK``, ``_OF_CALL``), ``name`` (the job), ``channel``. Every other field's default is turned by the field
+    once (``get_db_prep_save``, as ``save()`` would on each row) and written into the statement, so it must be the
+    same for every row: a value, or ``list``/``dict`` (an empty one); a default that may differ by row is refused.
     """
     from .models import QueuedTask
 
     connection = connections[alias]
     connection.ensure_connection()  # the defaults are quoted for the session (``task_sql.insert``)
     fields = [field for field in QueuedTask._meta.concrete_fields if not field.primary_key]
-    given, fixed = [], {}
+    of_task: list[tuple[str, Field]] = []
+    of_call: list[tuple[str, Field]] = []
+    fixed = {}
     for index, field in enumerate(fields):
         if field.attname in _GIVEN:
-            given.append((f"v{index}", field))
+            (of_task if field.attname in _OF_TASK else of_call).append((f"v{index}", field))
         elif field.has_default() and callable(field.default) and field.default not in (list, dict):
             raise TypeError(
                 f"{QueuedTask._meta.label}.{field.name} has a default that may differ by row: the enqueue must give "
@@ -139,7 +157,8 @@ def _insert_statement(alias: str, with_kick: bool) -> _InsertStatement:
     quote = connection.ops.quote_name
     columns = [quote(str(field.column)) for field in fields]
     pk = quote(str(QueuedTask._meta.pk.column))
-    return _InsertStatement(task_sql.insert(connection, columns, pk, with_kick=with_kick, fixed=fixed), given)
+    sql = task_sql.insert(connection, columns, pk, with_kick=with_kick, fixed=fixed)
+    return _InsertStatement(sql, of_task, of_call)
 
 
 def json_arguments(args: object, kwargs: object) -> dict[str, object]:

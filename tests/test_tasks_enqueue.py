@@ -3,7 +3,7 @@ answered it, and every promise of an enqueue kept once those are remembered (the
 refusal of bad arguments before a write)."""
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -96,6 +96,23 @@ def test_the_row_in_the_database_is_the_row_the_enqueue_answered_field_by_field(
     assert (stored.priority, stored.queue_name, stored.status, stored.attempts) == (-7, "emails", "READY", 0)
     assert (stored.version, stored.errors, stored.worker_ids, stored.return_value) == (0, [], [], None)
     assert row._state.adding is False and row._state.db == "default"
+
+
+def test_tasks_of_one_function_that_differ_in_priority_queue_or_run_after_each_write_their_own():
+    """What a task gives its rows is turned once per task (on PostgreSQL): a task made by ``using()`` is another."""
+    later = datetime.fromisoformat("2031-05-06T07:08:09.123456+00:00")
+    made = [
+        tasks.add.using(priority=5),
+        tasks.add.using(priority=6),
+        tasks.add.using(priority=6, queue_name="emails"),
+        tasks.add.using(priority=6, queue_name="emails", run_after=later),
+        tasks.add.using(priority=6, queue_name="emails", run_after=later + timedelta(microseconds=1)),
+    ]
+    for task in made * 2:
+        task.enqueue(1, 2)
+    stored = QueuedTask.objects.order_by("pk").values_list("priority", "queue_name", "run_after")
+    expected = [(task.priority, task.queue_name, task.run_after) for task in made]
+    assert list(stored) == expected * 2
 
 
 @pytest.mark.postgresql
