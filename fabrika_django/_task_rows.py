@@ -150,7 +150,7 @@ def _insert_statement(alias: str, with_kick: bool) -> _InsertStatement:
         elif field.has_default() and callable(field.default) and field.default not in (list, dict):
             raise TypeError(
                 f"{QueuedTask._meta.label}.{field.name} has a default that may differ by row: the enqueue must give "
-                "its value (add it to _task_rows._GIVEN)."
+                "its value (add it to _task_rows._OF_CALL)."
             )
         else:
             fixed[index] = field.get_db_prep_save(field.get_default(), connection)
