@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -84,7 +85,7 @@ def _insert_and_kick(row: QueuedTask, given: Mapping[str, object], job: str) -> 
     insert = _insert_statement(alias, not kicked_in_transaction(job, alias))
     # Each value is turned by its field (``get_db_prep_save``, as ``save()`` does): the call's on each enqueue, the
     # task's once per task (``_task_params``); the defaults are in the statement already (``_insert_statement``).
-    params = dict(_task_params(alias, tuple(given[name] for name in _OF_TASK)))
+    params = dict(_task_params(alias, _task_values(given)))
     for name, field in insert.of_call:
         params[name] = field.get_db_prep_save(given[field.attname], connection)
     params.update(name=job, channel=CHANNEL)
@@ -103,6 +104,7 @@ def _insert_and_kick(row: QueuedTask, given: Mapping[str, object], job: str) -> 
 _OF_TASK = ("task_path", "backend", "queue_name", "priority", "run_after")
 _OF_CALL = ("result_id", "args", "kwargs", "due", "enqueued_at")
 _GIVEN = frozenset(_OF_TASK + _OF_CALL)
+_task_values = operator.itemgetter(*_OF_TASK)  # a given's values of _OF_TASK, as a tuple, in one call
 
 
 class _InsertStatement(NamedTuple):
