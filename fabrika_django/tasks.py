@@ -28,6 +28,7 @@ from . import _task_rows as task_rows
 from ._running import CLAIMS_AT_START
 from ._runs.task_claim import claim_at_start
 from ._runs.tasks import result_of, serve_queue
+from ._sql import cache
 from ._task_rows import MAX_ARGUMENTS_BYTES as MAX_ARGUMENTS_BYTES  # projects and tests know it from here
 from ._tasks_compat import (
     BaseTaskBackend,
@@ -97,8 +98,7 @@ class FabrikaBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: list[object], kwargs: dict[str, object]) -> TaskResult:
         """Insert the task's row in the current transaction and kick its queue's job when that commits."""
-        _tasks_checks.require_installed(self.alias)
-        self.validate_task(task)
+        _checked(self, task)
         row = task_rows.insert(self.alias, task, args, kwargs)
         result = result_of(row, task)
         task_enqueued.send(type(self), task_result=result)
@@ -151,6 +151,20 @@ class FabrikaBackend(BaseTaskBackend):
                 CLAIMS_AT_START.pop(name, None)  # a claim in the start would pass the queue's token bucket
         #: The paths of the tasks this backend's periodic entries enqueue (``discover_tasks`` imports them).
         self.periodic_tasks = [entry.task for entry in _periodic.register(self.alias, self.options.get("periodic", {}))]
+
+
+@cache(maxsize=256)
+def _checked(backend: FabrikaBackend, task: Task) -> None:
+    """Refuse a task ``backend`` cannot enqueue (fabrika_django not installed, Django's ``validate_task``), and
+    register it; raise, or return and be remembered.
+
+    Once per (backend, task) until a setting changes (``_sql.cache`` empties on ``setting_changed``): what is checked
+    is the task's own fields (a frozen dataclass, compared by value), the backend's options and the settings
+    (``INSTALLED_APPS``, ``USE_TZ``), never the call's arguments, and an enqueue in a loop paid for it each time.
+    Bounded: ``using(run_after=...)`` makes a new task for each call.
+    """
+    _tasks_checks.require_installed(backend.alias)
+    backend.validate_task(task)
 
 
 class _JobOptions(TypedDict, total=False):

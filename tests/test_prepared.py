@@ -60,7 +60,7 @@ def test_a_session_that_lost_its_statements_prepares_again(lab_stamp_rows):
 
 def test_a_statement_another_try_prepared_under_the_name_is_used(lab_stamp_rows):
     sql = "SELECT %s::int + 1"
-    name, prepare, _names = _prepared._statement(sql)
+    name, prepare, _execute, _names = _prepared._statement(sql)
     with connection.cursor() as cursor:
         cursor.execute(prepare)  # prepared in this session without fabrika knowing it
     _prepared._known.pop(connection.connection, None)
@@ -69,7 +69,7 @@ def test_a_statement_another_try_prepared_under_the_name_is_used(lab_stamp_rows)
 
 
 def test_the_name_is_the_hash_of_the_text_so_one_name_never_means_two_statements():
-    first, _, _ = _prepared._statement("SELECT %s::int + 1")
+    first, _, _, _ = _prepared._statement("SELECT %s::int + 1")
     assert _prepared._statement("SELECT %s::int + 1")[0] == first
     assert _prepared._statement("SELECT %s::int + 2")[0] != first
 
@@ -98,8 +98,12 @@ def test_the_start_in_one_prepared_statement_leaves_the_session_as_it_was(lab_st
 
 
 def test_named_parameters_get_one_number_each_in_order_of_first_use():
-    name, prepare, names = _prepared._statement("SELECT %(b)s::int, %(a)s::int, %(b)s::int")
-    assert (prepare, names) == (f"PREPARE {name} AS SELECT $1::int, $2::int, $1::int", ("b", "a"))
+    name, prepare, execute, names = _prepared._statement("SELECT %(b)s::int, %(a)s::int, %(b)s::int")
+    assert (prepare, execute, names) == (
+        f"PREPARE {name} AS SELECT $1::int, $2::int, $1::int",
+        f"EXECUTE {name}(%s, %s)",
+        ("b", "a"),
+    )
     assert _prepared.fetchone(connection, "SELECT %(b)s::int, %(a)s::int, %(b)s::int", {"a": 1, "b": 2}) == (2, 1, 2)
 
 

@@ -63,9 +63,8 @@ def _execute(connection: BaseDatabaseWrapper, cursor: CursorWrapper, sql: str, p
 
 def _execute_prepared(connection: BaseDatabaseWrapper, cursor: CursorWrapper, sql: str, params: _Params) -> None:
     """Run ``sql`` as its prepared statement, leaving its rows in ``cursor``."""
-    name, prepare, names = _statement(sql)
+    name, prepare, execute, names = _statement(sql)
     values = [params[key] for key in names] if isinstance(params, Mapping) else list(params)
-    execute = f"EXECUTE {name}({', '.join(['%s'] * len(values))})"
     known = _known.setdefault(connection.connection, set())
     if name in known and _try(cursor, execute, values, ok=(_MISSING,)):
         return
@@ -95,8 +94,9 @@ def _try(cursor: CursorWrapper, sql: str, params: Sequence[SQLParam], *, ok: tup
 
 
 @cache(maxsize=16)
-def _statement(sql: str) -> tuple[str, str, tuple[str, ...]]:
-    """Return the statement's name (a hash of its text), its ``PREPARE``, and the order of its named parameters.
+def _statement(sql: str) -> tuple[str, str, str, tuple[str, ...]]:
+    """Return the statement's name (a hash of its text), its ``PREPARE``, its ``EXECUTE`` (a ``%s`` for each
+    number), and the order of its named parameters.
 
     ``%s`` placeholders are numbered ``$1``, ``$2``… in order; each distinct ``%(name)s`` gets one number, at
     its first appearance, and the names come back in that order (empty for ``%s`` placeholders).
@@ -114,4 +114,5 @@ def _statement(sql: str) -> tuple[str, str, tuple[str, ...]]:
         return f"${names.index(key) + 1}"
 
     prepared = _PLACEHOLDER.sub(number, sql)
-    return name, f"PREPARE {name} AS {prepared}", tuple(key for key in names if key)
+    execute = f"EXECUTE {name}({', '.join(['%s'] * len(names))})"
+    return name, f"PREPARE {name} AS {prepared}", execute, tuple(key for key in names if key)
