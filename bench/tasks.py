@@ -278,18 +278,16 @@ class _FloorEnqueue:
         import psycopg
         from django.db import connection
 
-        from fabrika_django._task_rows import _insert_sql
+        from fabrika_django._task_rows import _insert_statement
         from fabrika_django.models import QueuedTask
 
-        sql, fields = _insert_sql("default", True)
+        insert = _insert_statement("default", True)
         row = QueuedTask(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")
-        values = {
-            f"v{index}": field.get_db_prep_save(field.pre_save(row, True), connection)
-            for index, field in enumerate(fields)
-        }
-        self._result_key = f"v{[field.attname for field in fields].index('result_id')}"
+        given = [*insert.of_task, *insert.of_call]  # the other columns' values are in the statement's text
+        values = {name: field.get_db_prep_save(field.pre_save(row, True), connection) for name, field in given}
+        self._result_key = next(name for name, field in given if field.attname == "result_id")
         self._params = {**values, "name": "floor", "channel": _FLOOR_CHANNEL}
-        self._sql = sql
+        self._sql = insert.sql
         self._conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, prepare_threshold=0)
 
     def enqueue(self):
