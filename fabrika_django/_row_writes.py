@@ -1,6 +1,6 @@
 """Writes of queue rows checked against the version each was read with: one row's, shared by the row's own methods
 (``models._queue``: ``finish()``, ``requeue()``, ``record_failure()``) and the queryset's ``finish_all()``; many
-rows' each with its own values (a run of Django tasks: ``_runs.task_writes``); and the run's clock those writes
+rows' each with its own values (a run of Django tasks: ``_runs.task_groups``); and the run's clock those writes
 read "now" from."""
 
 from __future__ import annotations
@@ -135,8 +135,14 @@ def _rows_update(model: type[models.Model], connection: BaseDatabaseWrapper, nam
 
 def _carried_as_json(field: Any) -> bool:
     """Whether ``update_rows``' JSON document carries the field's values as the database takes them: a field of a
-    kind it knows, without an encoder of its own (a JSONField's) or choices of another type."""
-    return field is not None and field.get_internal_type() in _AS_JSON and getattr(field, "encoder", None) is None
+    kind it knows, Django's own class (a subclass may convert its values its own way), without an encoder of its own
+    (a JSONField's: the document is written by ``json.dumps``)."""
+    return (
+        field is not None
+        and type(field).__module__.startswith("django.db.models.fields")
+        and field.get_internal_type() in _AS_JSON
+        and getattr(field, "encoder", None) is None
+    )
 
 
 _ROWS_UPDATES: dict[tuple[Any, ...], str | None] = cache_dict()
