@@ -15,7 +15,7 @@ be is given up alone), and the claim's metric and a full claim's lane ask follow
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import EmptyResultSet
@@ -171,16 +171,22 @@ def _claim_in_one(
 def claim_params(
     model: type[models.Model], connection: BaseDatabaseWrapper, period: Any, now: datetime, limit: int
 ) -> tuple[dict[str, Any], list[datetime]]:
-    """The parameters of a claim's statement that change (``now``, ``limit``, the backoff's instants ``dues``
-    and the array's ``last`` index), and those instants."""
+    """The parameters of a claim's statement that change (``now``, ``limit``, each attempt's backoff in microseconds
+    ``backoffs`` and the array's ``last`` index), and the instants ``dues`` those backoffs give after ``now``."""
     due: Any = model._meta.get_field("due")  # a concrete field: QueueModel's
-    dues = [now + backoff for backoff in backoffs(period, max_attempts_of(model))]
+    max_attempts = max_attempts_of(model)
+    microseconds = backoff_microseconds(period, max_attempts)
     return {
         "now": due.get_db_prep_value(now, connection, prepared=False),
         "limit": limit,
-        "dues": [due.get_db_prep_save(instant, connection) for instant in dues],
-        "last": len(dues) - 1,
-    }, dues
+        "backoffs": microseconds,
+        "last": len(microseconds) - 1,
+    }, dues_of(model, period, now)
+
+
+def dues_of(model: type[models.Model], period: Any, now: datetime) -> list[datetime]:
+    """The instants a claim at ``now`` makes its rows due again at, by attempt (the backoff's)."""
+    return [now + backoff for backoff in backoffs(period, max_attempts_of(model))]
 
 
 def claimed_rows(
@@ -214,6 +220,19 @@ def backoffs(period: Any, max_attempts: int) -> list[Any]:
     if key not in _BACKOFFS:
         _BACKOFFS[key] = row_backoffs(period, max_attempts)
     return _BACKOFFS[key]
+
+
+_BACKOFF_MICROSECONDS: dict[tuple[Any, int], list[int]] = cache_dict()
+
+
+def backoff_microseconds(period: Any, max_attempts: int) -> list[int]:
+    """``backoffs`` in whole microseconds (a timedelta's own resolution), as the claim's statement adds them."""
+    key = (period, max_attempts)
+    if key not in _BACKOFF_MICROSECONDS:
+        _BACKOFF_MICROSECONDS[key] = [
+            backoff // timedelta(microseconds=1) for backoff in backoffs(period, max_attempts)
+        ]
+    return _BACKOFF_MICROSECONDS[key]
 
 
 # The statements below are claim's and finish's hot path: they are written here, not by the ORM, because

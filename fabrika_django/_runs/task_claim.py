@@ -17,7 +17,7 @@ from django.db.models import Q
 from .._running import active_run
 from .._sql import tasks as task_sql
 from .._tasks_compat import task_backends
-from .claim import claim_params, claimed_rows
+from .claim import claim_params, claimed_rows, dues_of
 from .statement import Statement, statement
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def claimed_at_start(alias: str, queue: str) -> FirstBatch | None:
     using, answered = found.using, found.rows
     run.claimed.add((using, QueuedTask._meta.label))  # a requeue of this table kicks the job (_claimers)
     built = _statement(using, alias, queue)
-    _params, dues = claim_params(QueuedTask, connections[using], run.job.period, found.now, BATCH)
+    dues = dues_of(QueuedTask, run.job.period, found.now)
     rows = claimed_rows(claimable_tasks(), using, built.decode, [values[:-1] for values in answered], dues)
     started = next((values[0] for values in answered if values[-1]), None)  # by id, the answer's first column
     return FirstBatch(rows, started)

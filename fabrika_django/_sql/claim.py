@@ -6,8 +6,8 @@ PostgreSQL's claim is one set of WITH items for every queue table, Django tasks'
 new version and ``due`` picked from the array of the backoff's instants by the attempts before the claim (the
 last for any count past it: ``backoff.row_backoffs``). A run in lanes adds ``asked`` (the lane ask with its
 NOTIFY, written only for a full claim); a task queue's first claim in its run's start adds ``first_claimed``
-and the task's start (``tasks.START_FIRST``). Parameters are named: the condition's own, ``limit``, ``dues``
-and ``last`` (the array's last index).
+and the task's start (``tasks.START_FIRST``). Parameters are named: the condition's own, ``now``, ``limit``,
+``backoffs`` (each attempt's backoff in microseconds) and ``last`` (the array's last index).
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ def ctes(
     if extra is not None:
         answers.append(extra.returning)
     sets = (
-        f"{names.due} = (%(dues)s::timestamptz[])[LEAST(claimed.{names.attempts}, %(last)s) + 1], "
+        # The backoff of the row's attempt, in whole microseconds, after the claim's now: exactly the instants
+        # the worker computes (``claim_params``), without sending each one.
+        f"{names.due} = %(now)s::timestamptz + "
+        f"(%(backoffs)s::bigint[])[LEAST(claimed.{names.attempts}, %(last)s) + 1] * interval '1 microsecond', "
         f"{names.attempts} = claimed.{names.attempts} + 1, {names.version} = claimed.{names.version} + 1"
     )
     items.append(
