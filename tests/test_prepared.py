@@ -119,7 +119,7 @@ def test_the_tasks_claim_in_one_prepared_statement_leaves_the_session_as_it_was(
     QueuedTask.objects.create(task_path="testproject.lab.tasks.noop", backend="default", queue_name="default")
     built = statement(QueuedTask, connection, ("-priority", "due", "pk"), where_of("default", "default"))
     sql = built.sql
-    params = {**built.fixed, **claim_params(QueuedTask, connection, DEFAULT_PERIOD, timezone.now(), 10)[0]}
+    params = {**built.fixed, **claim_params(QueuedTask, connection, DEFAULT_PERIOD, timezone.now(), 10)}
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone() == ("on",)

@@ -154,12 +154,12 @@ def _claim_in_one(
     built = statement(model, connection, of.order, where, ask=ask)
     if built is None:
         return None
-    params, dues = claim_params(model, connection, run.job.period, now, limit)
+    params = claim_params(model, connection, run.job.period, now, limit)
     if folds_ask:
         params.update(channel=_channel.CHANNEL, job=run.job.name)
     with framework_write(), transaction.mark_for_rollback_on_error(using):
         found = prepared.fetchall(connection, built.sql, {**built.fixed, **params})
-    claimed = claimed_rows(of, using, built.decode, found, dues)
+    claimed = claimed_rows(of, using, built.decode, found, dues_of(model, run.job.period, now))
     _metrics.observe_claim(run.job.name, len(found))
     if demand is not None and demand.claimed(len(found), limit) and not folds_ask:
         from .pending import ask_for_lane  # as above
@@ -170,9 +170,9 @@ def _claim_in_one(
 
 def claim_params(
     model: type[models.Model], connection: BaseDatabaseWrapper, period: Any, now: datetime, limit: int
-) -> tuple[dict[str, Any], list[datetime]]:
-    """The parameters of a claim's statement that change (``now``, ``limit``, each attempt's backoff in microseconds
-    ``backoffs`` and the array's ``last`` index), and the instants ``dues`` those backoffs give after ``now``."""
+) -> dict[str, Any]:
+    """The parameters of a claim's statement that change: ``now``, ``limit``, each attempt's backoff in microseconds
+    ``backoffs`` and the array's ``last`` index (the instants they give: ``dues_of``)."""
     due: Any = model._meta.get_field("due")  # a concrete field: QueueModel's
     max_attempts = max_attempts_of(model)
     microseconds = backoff_microseconds(period, max_attempts)
@@ -181,7 +181,7 @@ def claim_params(
         "limit": limit,
         "backoffs": microseconds,
         "last": len(microseconds) - 1,
-    }, dues_of(model, period, now)
+    }
 
 
 def dues_of(model: type[models.Model], period: Any, now: datetime) -> list[datetime]:
@@ -242,7 +242,7 @@ def backoff_microseconds(period: Any, max_attempts: int) -> list[int]:
 
 def _lease(model: type[models.Model], using: str, rows: list[Any], run: ActiveRun, now: datetime) -> None:
     """Add an attempt, a version and the backoff to every row in one UPDATE, and mirror it on the objects."""
-    dues = [now + backoff for backoff in backoffs(run.job.period, max_attempts_of(model))]
+    dues = dues_of(model, run.job.period, now)
     last = len(dues) - 1
     due_by_attempts = {attempts: dues[min(attempts, last)] for attempts in {row.attempts for row in rows}}
     connection = connections[using]

@@ -60,7 +60,7 @@ def claim_at_start(alias: str, queue: str) -> StartClaim:
 
         backend: Any = task_backends[alias]  # a FabrikaBackend: its max_attempts and worker_id
         built = _statement(connection.alias, alias, queue)
-        params, _dues = claim_params(QueuedTask, connection, job.period, now, BATCH)
+        params = claim_params(QueuedTask, connection, job.period, now, BATCH)
         started = {"max_attempts": backend.max_attempts, "worker": backend.worker_id, "running": TaskStatus.RUNNING}
         return built.ctes, task_sql.at_start_tail(built.columns, built.order), {**built.fixed, **params, **started}
 
