@@ -22,16 +22,20 @@ def _statuses_seen(results):
 
 
 def test_fast_tasks_are_started_together_and_every_one_succeeds():
-    enqueued = [tasks.statuses.enqueue() for _ in range(6)]
+    enqueued = [tasks.statuses.enqueue() for _ in range(10)]
     results = run_tasks()
     assert sorted(result.id for result in results) == sorted(result.id for result in enqueued)
     assert {result.status for result in results} == {"SUCCESSFUL"}
-    # The first task runs alone (its time is not known yet); the ones after it, of a millisecond each, are
-    # started in one statement: the second saw the third RUNNING before it ran.
+    # The first task runs alone (its time is not known yet): the second was not started while it ran. The ones
+    # after it, of a millisecond each, are started together: some task saw a later one RUNNING before it ran
+    # (whichever, so that a slow first task on a loaded machine delays the grouping without failing the test).
     seen = _statuses_seen(results)
     order = [result.id for result in sorted(results, key=lambda result: result.finished_at)]
-    assert seen[1][order[2]] == "RUNNING"
     assert seen[0][order[1]] == "READY"
+    saw_a_later_one_running = [
+        any(seen[index][later] == "RUNNING" for later in order[index + 1 :]) for index in range(len(order))
+    ]
+    assert any(saw_a_later_one_running), seen
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement a group on PostgreSQL only")
