@@ -244,6 +244,13 @@ def discover_tasks() -> None:
     ``tasks`` module (``autodiscover_modules``, once per set of installed apps), and each periodic entry's task
     (a path the settings name: the project's own code). A row's path is never imported (``_task_paths``)."""
     task_paths.discover()
+    _import_periodic_tasks()
+
+
+@cache(maxsize=1)
+def _import_periodic_tasks() -> None:
+    """Import each periodic entry's task, once until a setting changes (``TASKS`` names them): every run of a
+    queue's job asks, and the answer changes only with the settings."""
     for backend in _configured_backends():
         for path in backend.periodic_tasks:
             try:
